@@ -1,0 +1,1 @@
+"""The broker process: the client-facing ROUTER and the supervisor of workers."""

@@ -1,0 +1,355 @@
+"""The broker's ROUTER loop: clients in front, workers behind.
+
+Requests from the frontend go to a worker in rotation, round robin, as long as
+the worker has credit (at most ``worker_credits`` requests queued at it); when
+every worker is busy the router stops reading the frontend, so back-pressure
+reaches the clients through ZeroMQ's own queues. A worker's reply carries the
+client's address, so the router keeps no per-request table. A refusal (fenced,
+clock unsafe, reservation expired) comes back with the original request, which
+the router sends to another worker before it answers with the error.
+
+Workers report their state (the STATE frame) every heartbeat and on change; a
+worker not ready, or silent for ``heartbeat_timeout_s``, is out of rotation.
+All timing here is monotonic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import orjson
+import zmq
+
+from .. import protocol
+from ..config import Config
+from ..errors import BadRequest, SnowfenceError, Unavailable
+from ..logs import event
+
+log = logging.getLogger("snowfence.broker")
+
+#: Messages taken from one socket per wake-up before the other gets a turn.
+BATCH = 256
+#: Frames larger than this are dropped by libzmq before they reach Python.
+MAX_FRAME_BYTES = 64 * 1024
+#: How many workers may refuse one request before the client gets the refusal.
+MAX_TRIES = 3
+
+_META_TRIES = protocol.META_TRIES
+_META_DELIMITED = protocol.META_DELIMITED
+
+
+class Link:
+    """The router's view of one worker process."""
+
+    __slots__ = ("ident", "slot", "pid", "capacity", "outstanding", "ready", "seen_ns", "status", "silent")
+
+    def __init__(self, ident: bytes, now_ns: int) -> None:
+        self.ident = ident
+        self.slot = -1
+        self.pid = 0
+        self.capacity = 1
+        self.outstanding = 0
+        self.ready = False
+        self.seen_ns = now_ns
+        self.status: dict = {}
+        self.silent = False
+
+
+class Router:
+    def __init__(self, ctx: zmq.Context, config: Config, backend_endpoint: str,
+                 describe_broker: Callable[[], dict] | None = None) -> None:
+        self.config = config
+        self.frontend = ctx.socket(zmq.ROUTER)
+        self.frontend.setsockopt(zmq.LINGER, 500)
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        self.frontend.setsockopt(zmq.SNDHWM, 100_000)
+        self.frontend.setsockopt(zmq.RCVHWM, 100_000)
+        self.backend = ctx.socket(zmq.ROUTER)
+        self.backend.setsockopt(zmq.LINGER, 0)
+        self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.backend.setsockopt(zmq.SNDHWM, 0)
+        self.backend.setsockopt(zmq.RCVHWM, 0)
+        self.backend.bind(backend_endpoint)
+        self.frontend.bind(config.bind)
+        self.links: dict[bytes, Link] = {}
+        self.rotation: list[Link] = []
+        self._rr = 0
+        #: Requests waiting for a worker with credit: (meta, addr, body).
+        self.pending: deque[tuple[int, bytes, bytes]] = deque()
+        self.accepting = True
+        self._describe_broker = describe_broker or (lambda: {})
+        self._heartbeat_ns = int(config.heartbeat_interval_s * 1e9)
+        self._timeout_ns = int(config.heartbeat_timeout_s * 1e9)
+        self._next_ping_ns = 0
+        self.counters = {"requests": 0, "replies": 0, "retried": 0, "refused": 0, "unavailable": 0, "bad_request": 0}
+
+    @property
+    def wants_frontend(self) -> bool:
+        """Read the frontend only while a request could be placed at once."""
+        return not self.pending
+
+    def endpoint(self) -> str:
+        return self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    # -- clients ----------------------------------------------------------------------
+
+    def on_frontend(self) -> None:
+        front = self.frontend
+        for _ in range(BATCH):
+            try:
+                addr = front.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if not front.rcvmore:
+                continue  # an identity without a body cannot come from libzmq; ignore
+            body = front.recv()
+            meta = 0
+            if not body and front.rcvmore:
+                body = front.recv()
+                meta = _META_DELIMITED
+            if front.rcvmore:
+                while front.rcvmore:
+                    front.recv()
+                self.counters["bad_request"] += 1
+                self.to_client(meta, addr, protocol.encode_error(
+                    0, BadRequest("a request is one body frame, optionally after one empty delimiter")))
+                continue
+            self.counters["requests"] += 1
+            if len(body) == protocol.RESERVE_SIZE and body[0] == protocol.VERSION and body[1] == protocol.RESERVE:
+                if not self.dispatch(meta, addr, body):
+                    return
+            else:
+                self.slow_request(meta, addr, body)
+                if self.pending:
+                    return
+
+    def slow_request(self, meta: int, addr: bytes, body: bytes) -> None:
+        try:
+            request = protocol.decode_request(body)
+        except BadRequest as err:
+            self.counters["bad_request"] += 1
+            self.to_client(meta, addr, protocol.encode_error(err.request_id, err))
+            return
+        if request.type == protocol.STATUS:
+            self.to_client(meta, addr, protocol.encode_status_reply(request.request_id, self.status()))
+        else:
+            self.dispatch(meta, addr, body)
+
+    def dispatch(self, meta: int, addr: bytes, body: bytes) -> bool:
+        """Send a request to a worker; False if it had to wait in ``pending``."""
+        if not self.accepting:
+            self.unavailable(meta, addr, body, "the server is shutting down")
+            return True
+        while True:
+            link = self.pick()
+            if link is None:
+                if not self.rotation:
+                    self.unavailable(meta, addr, body, "no worker is ready")
+                    return True
+                self.pending.append((meta, addr, body))
+                return False
+            try:
+                self.backend.send(link.ident, zmq.SNDMORE)
+                self.backend.send(protocol.encode_work(meta, addr, body))
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                self.forget(link.ident, "its socket is gone")
+                continue
+            link.outstanding += 1
+            return True
+
+    def pick(self) -> Link | None:
+        """The next worker in rotation with credit, round robin."""
+        rotation = self.rotation
+        n = len(rotation)
+        for _ in range(n):
+            self._rr += 1
+            if self._rr >= n:
+                self._rr = 0
+            link = rotation[self._rr]
+            if link.outstanding < link.capacity:
+                return link
+        return None
+
+    def unavailable(self, meta: int, addr: bytes, body: bytes, why: str) -> None:
+        self.counters["unavailable"] += 1
+        self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), Unavailable(why)))
+
+    def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
+        front = self.frontend
+        front.send(addr, zmq.SNDMORE)
+        if meta & _META_DELIMITED:
+            front.send(b"", zmq.SNDMORE)
+        front.send(reply)
+
+    def flush_pending(self) -> None:
+        pending = self.pending
+        while pending:
+            meta, addr, body = pending.popleft()
+            if not self.dispatch(meta, addr, body):
+                # dispatch() put it back at the end; restore the order and wait.
+                pending.appendleft(pending.pop())
+                return
+
+    # -- workers ----------------------------------------------------------------------
+
+    def on_backend(self) -> None:
+        back = self.backend
+        links = self.links
+        for _ in range(BATCH):
+            try:
+                ident = back.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            frame = back.recv()
+            while back.rcvmore:  # our workers send one frame; anything else is noise
+                back.recv()
+            kind = frame[0] if frame else 0
+            link = links.get(ident)
+            if kind == protocol.REPLY:
+                meta, addr, reply = protocol.split_routed(frame)
+                self.counters["replies"] += 1
+                self.to_client(meta, addr, reply)
+                if link is not None and link.outstanding > 0:
+                    link.outstanding -= 1
+            elif kind == protocol.REFUSED:
+                if link is not None and link.outstanding > 0:
+                    link.outstanding -= 1
+                self.on_refused(frame)
+            elif kind == protocol.STATE:
+                self.on_state(ident, link, frame)
+        if self.pending:
+            self.flush_pending()
+
+    def on_refused(self, frame: bytes) -> None:
+        meta, addr, rest = protocol.split_routed(frame)
+        request, error_reply = protocol.split_refused(rest)
+        tries = (meta & _META_TRIES) + 1
+        if self.accepting and tries < MAX_TRIES and self.rotation:
+            self.counters["retried"] += 1
+            self.dispatch((meta & _META_DELIMITED) | tries, addr, request)
+        else:
+            self.counters["refused"] += 1
+            self.to_client(meta, addr, error_reply)
+
+    def on_state(self, ident: bytes, link: Link | None, frame: bytes) -> None:
+        try:
+            status = protocol.decode_state(frame)
+        except orjson.JSONDecodeError:
+            return
+        now_ns = time.monotonic_ns()
+        if link is None:
+            link = self.links[ident] = Link(ident, now_ns)
+            event(log, "worker_connected", f"worker slot {status.get('slot')} pid {status.get('pid')} connected",
+                  slot=status.get("slot"), pid=status.get("pid"))
+        link.seen_ns = now_ns
+        link.status = status
+        link.slot = status.get("slot", -1)
+        link.pid = status.get("pid", 0)
+        link.capacity = max(1, int(status.get("credits", 1)))
+        if link.silent:
+            link.silent = False
+            event(log, "worker_heard", f"worker slot {link.slot} pid {link.pid} is heard from again", slot=link.slot)
+        self._set_ready(link, bool(status.get("ready")))
+
+    def _set_ready(self, link: Link, ready: bool) -> None:
+        ready = ready and not link.silent
+        if ready == link.ready:
+            return
+        link.ready = ready
+        if ready:
+            self.rotation.append(link)
+        else:
+            self.rotation.remove(link)
+        event(log, "rotation", f"worker slot {link.slot} pid {link.pid} {'joins' if ready else 'leaves'} rotation",
+              slot=link.slot, pid=link.pid, in_rotation=ready, workers_in_rotation=len(self.rotation))
+
+    def forget(self, ident: bytes, why: str) -> None:
+        link = self.links.pop(ident, None)
+        if link is None:
+            return
+        if link.ready:
+            link.ready = False
+            self.rotation.remove(link)
+        event(log, "worker_forgotten", f"worker slot {link.slot} pid {link.pid} removed: {why}",
+              slot=link.slot, pid=link.pid)
+
+    def forget_pid(self, pid: int, why: str) -> None:
+        for ident, link in list(self.links.items()):
+            if link.pid == pid:
+                self.forget(ident, why)
+
+    def tick(self, now_ns: int) -> None:
+        """Heartbeats out; silent workers out of rotation."""
+        if now_ns < self._next_ping_ns:
+            return
+        self._next_ping_ns = now_ns + self._heartbeat_ns
+        for ident, link in list(self.links.items()):
+            if link.silent and now_ns - link.seen_ns > 3 * self._timeout_ns:
+                self.forget(ident, "silent for too long")  # it re-registers if it ever speaks again
+                continue
+            if not link.silent and now_ns - link.seen_ns > self._timeout_ns:
+                link.silent = True
+                event(log, "worker_silent", f"worker slot {link.slot} pid {link.pid} is silent; out of rotation",
+                      level=logging.WARNING, slot=link.slot, pid=link.pid)
+                self._set_ready(link, False)
+                link.outstanding = 0  # whatever it had queued is lost to its clients' retries
+            self.send_worker(ident, protocol.PING_FRAME)
+
+    def send_worker(self, ident: bytes, frame: bytes) -> None:
+        try:
+            self.backend.send(ident, zmq.SNDMORE | zmq.NOBLOCK)
+            self.backend.send(frame, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                raise
+            self.forget(ident, "its socket is gone")
+
+    def stop_accepting(self) -> None:
+        """Answer new and waiting requests with ``unavailable`` from now on."""
+        self.accepting = False
+        while self.pending:
+            meta, addr, body = self.pending.popleft()
+            self.unavailable(meta, addr, body, "the server is shutting down")
+
+    def broadcast(self, frame: bytes) -> None:
+        for ident in list(self.links):
+            self.send_worker(ident, frame)
+
+    # -- status -----------------------------------------------------------------------
+
+    def status(self) -> dict:
+        workers = []
+        for link in sorted(self.links.values(), key=lambda l: (l.slot, l.pid)):
+            st = link.status
+            base = {
+                "slot": link.slot,
+                "pid": link.pid,
+                "in_rotation": link.ready,
+                "silent": link.silent,
+                "outstanding": link.outstanding,
+                "reason": st.get("reason"),
+                "counters": st.get("counters", {}),
+            }
+            held = st.get("held") or []
+            if not held:
+                workers.append({"worker_id": None, "state": "silent" if link.silent else st.get("state"), **base})
+            for h in held:
+                workers.append({**h, "worker_id": h.get("worker_id"),
+                                "state": "silent" if link.silent else h.get("state"), **base})
+        return {
+            "version": protocol.VERSION,
+            "broker": {**self._describe_broker(), "counters": self.counters, "workers_in_rotation": len(self.rotation)},
+            "layout": self.config.layout.to_dict(),
+            "region": self.config.region,
+            "workers": workers,
+        }
+
+    def close(self) -> None:
+        self.frontend.close()
+        self.backend.close()
+

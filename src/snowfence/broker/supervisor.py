@@ -1,0 +1,279 @@
+"""The supervisor: spawns worker processes, reaps them, restarts them, halts, stops.
+
+It owns the broker process's one loop. Signal handlers only enqueue the signal
+number (and wake the loop through ``signal.set_wakeup_fd``); the loop
+dispatches to ``handle_<signal>``. A worker that exits with a boot error a
+restart cannot fix (see :mod:`snowfence.workers.exits`) halts the node; any
+other exit is restarted with exponential back-off, reset once a worker has
+run for a while. All timing is monotonic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import orjson
+import zmq
+
+from .. import protocol
+from ..config import Config
+from ..errors import ConfigError
+from ..logs import event
+from ..workers.exits import HALT, Exit
+from .router import Router
+
+log = logging.getLogger("snowfence.broker")
+
+RESTART_BACKOFF_MIN_S = 0.1
+RESTART_BACKOFF_MAX_S = 30.0
+#: A worker that ran this long before dying starts its back-off from the bottom.
+STABLE_AFTER_S = 10.0
+LOOP_TICK_MS = 50
+
+
+class Proc:
+    """One worker slot and the process currently filling it."""
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.popen: subprocess.Popen | None = None
+        self.started_ns = 0
+        self.failures = 0
+        self.restarts = 0
+        self.restart_at_ns: int | None = 0
+        self.last_exit: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+
+class Supervisor:
+    def __init__(self, config: Config, ids_per_worker: int = 1) -> None:
+        self.config = config
+        self.ids_per_worker = ids_per_worker
+        self.procs = [Proc(slot) for slot in range(config.worker_count)]
+        self.signals: list[int] = []
+        self.stopping = False
+        self.kill_at_ns: int | None = None
+        self.exit_code = 0
+        self.started_ns = time.monotonic_ns()
+        self.rundir = ""
+        self.router: Router | None = None
+
+    # -- signals ----------------------------------------------------------------------
+
+    def _enqueue(self, signum: int, frame) -> None:
+        self.signals.append(signum)
+
+    def handle_sigterm(self) -> None:
+        self.begin_stop("SIGTERM")
+
+    def handle_sigint(self) -> None:
+        self.begin_stop("SIGINT")
+
+    def handle_sigchld(self) -> None:
+        self.reap()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.rundir = tempfile.mkdtemp(prefix="snowfence-")
+        ctx = zmq.Context()
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        try:
+            try:
+                self.router = Router(ctx, self.config, f"ipc://{self.rundir}/backend", self.describe)
+            except zmq.ZMQError as exc:
+                raise ConfigError(f"cannot bind {self.config.bind}: {exc.strerror}") from None
+            signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                signal.signal(sig, self._enqueue)
+            mode = "embedded" if self.config.embedded else f"etcd cluster {self.config.cluster!r}"
+            event(log, "serving", f"snowfence serving on {self.router.endpoint()} ({mode}, region "
+                  f"{self.config.region}, {len(self.procs)} workers)",
+                  bind=self.router.endpoint(), workers=len(self.procs), mode="embedded" if self.config.embedded else "etcd")
+            for proc in self.procs:
+                self.spawn(proc)
+            self.loop(wake_r)
+        finally:
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            self.kill_all(signal.SIGKILL)
+            if self.router is not None:
+                self.router.close()
+            ctx.term()
+            wake_r.close()
+            wake_w.close()
+            shutil.rmtree(self.rundir, ignore_errors=True)
+        event(log, "stopped", f"snowfence stopped (exit status {self.exit_code})", exit_status=self.exit_code)
+        return self.exit_code
+
+    def loop(self, wake: socket.socket) -> None:
+        router = self.router
+        poller = zmq.Poller()
+        poller.register(router.backend, zmq.POLLIN)
+        poller.register(wake, zmq.POLLIN)
+        front_registered = False
+        next_check_ns = 0
+        while True:
+            if router.wants_frontend != front_registered:
+                if front_registered:
+                    poller.unregister(router.frontend)
+                else:
+                    poller.register(router.frontend, zmq.POLLIN)
+                front_registered = not front_registered
+            events = dict(poller.poll(LOOP_TICK_MS))
+            if wake.fileno() in events:
+                try:
+                    while wake.recv(512):
+                        pass
+                except BlockingIOError:
+                    pass
+            while self.signals:
+                signum = self.signals.pop(0)
+                getattr(self, f"handle_{signal.Signals(signum).name.lower()}")()
+            if router.backend in events:
+                router.on_backend()
+            if front_registered and router.frontend in events:
+                router.on_frontend()
+            now_ns = time.monotonic_ns()
+            router.tick(now_ns)
+            if now_ns >= next_check_ns:
+                next_check_ns = now_ns + int(self.config.heartbeat_interval_s * 1e9)
+                self.reap()
+            if not self.stopping:
+                self.restart_due(now_ns)
+            elif not any(p.popen is not None for p in self.procs):
+                return
+            elif self.kill_at_ns is not None and now_ns >= self.kill_at_ns:
+                event(log, "kill", "workers did not stop in time; killing them", level=logging.WARNING)
+                self.kill_all(signal.SIGKILL)
+                self.kill_at_ns = None
+
+    def begin_stop(self, why: str, exit_code: int | None = None) -> None:
+        if exit_code is not None and not self.exit_code:
+            self.exit_code = exit_code
+        if self.stopping:
+            if why.startswith("SIG"):  # a second signal: stop waiting
+                event(log, "kill", f"{why} again: killing workers now", level=logging.WARNING)
+                self.kill_all(signal.SIGKILL)
+            return
+        self.stopping = True
+        event(log, "stopping", f"{why}: stopping; workers drain and release their worker IDs")
+        self.router.stop_accepting()
+        self.router.broadcast(protocol.STOP_FRAME)
+        self.kill_all(signal.SIGTERM)
+        self.kill_at_ns = time.monotonic_ns() + int(self.config.shutdown_timeout_s * 1e9)
+
+    def kill_all(self, sig: int) -> None:
+        for proc in self.procs:
+            if proc.popen is not None and proc.popen.returncode is None:
+                try:
+                    proc.popen.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+        if sig == signal.SIGKILL:
+            for proc in self.procs:
+                if proc.popen is not None:
+                    proc.popen.wait()
+                    self._forget(proc)
+
+    # -- workers ----------------------------------------------------------------------
+
+    def spawn(self, proc: Proc) -> None:
+        spec = {
+            "config": self.config.to_dict(),
+            "slot": proc.slot,
+            "backend": f"ipc://{self.rundir}/backend",
+            "broker_pid": os.getpid(),
+            "ids": self.ids_per_worker,
+        }
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "snowfence.workers.main"],
+            stdin=subprocess.PIPE,
+            close_fds=True,
+        )
+        try:
+            popen.stdin.write(orjson.dumps(spec))
+            popen.stdin.close()
+        except BrokenPipeError:
+            pass
+        proc.popen = popen
+        proc.started_ns = time.monotonic_ns()
+        proc.restart_at_ns = None
+        if proc.restarts:
+            event(log, "restarted", f"worker slot {proc.slot} restarted as pid {popen.pid}",
+                  slot=proc.slot, pid=popen.pid, restarts=proc.restarts)
+        else:
+            event(log, "spawned", f"worker slot {proc.slot} started as pid {popen.pid}", level=logging.DEBUG,
+                  slot=proc.slot, pid=popen.pid)
+
+    def reap(self) -> None:
+        for proc in self.procs:
+            popen = proc.popen
+            if popen is None or popen.poll() is None:
+                continue
+            status = popen.returncode
+            self._forget(proc)
+            proc.last_exit = status
+            if self.stopping:
+                continue
+            if status in HALT:
+                self.begin_stop(
+                    f"worker slot {proc.slot} cannot boot ({Exit(status).name}, see its log above); halting",
+                    exit_code=status)
+                continue
+            ran_s = (time.monotonic_ns() - proc.started_ns) / 1e9
+            if ran_s >= STABLE_AFTER_S:
+                proc.failures = 0
+            proc.failures += 1
+            delay = min(RESTART_BACKOFF_MIN_S * 2 ** (proc.failures - 1), RESTART_BACKOFF_MAX_S)
+            proc.restart_at_ns = time.monotonic_ns() + int(delay * 1e9)
+            proc.restarts += 1
+            how = f"signal {signal.Signals(-status).name}" if status < 0 else f"status {status}"
+            event(log, "worker_exited", f"worker slot {proc.slot} exited with {how} after {ran_s:.1f} s; "
+                  f"restarting in {delay:.2f} s", level=logging.WARNING,
+                  slot=proc.slot, exit_status=status, restart_in_s=delay)
+
+    def _forget(self, proc: Proc) -> None:
+        if proc.popen is not None and self.router is not None:
+            self.router.forget_pid(proc.popen.pid, "process exited")
+        proc.popen = None
+
+    def restart_due(self, now_ns: int) -> None:
+        for proc in self.procs:
+            if proc.popen is None and proc.restart_at_ns is not None and now_ns >= proc.restart_at_ns:
+                self.spawn(proc)
+
+    def describe(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "bind": self.router.endpoint() if self.router else self.config.bind,
+            "mode": "embedded" if self.config.embedded else "etcd",
+            "cluster": None if self.config.embedded else self.config.cluster,
+            "state": "stopping" if self.stopping else "serving",
+            "uptime_s": round((time.monotonic_ns() - self.started_ns) / 1e9, 3),
+            "slots": [
+                {"slot": p.slot, "pid": p.pid, "restarts": p.restarts, "last_exit": p.last_exit,
+                 "restart_in_s": None if p.restart_at_ns is None or p.popen is not None
+                 else round(max(0, p.restart_at_ns - time.monotonic_ns()) / 1e9, 3)}
+                for p in self.procs
+            ],
+        }
+
+
+def serve(config: Config, ids_per_worker: int = 1) -> int:
+    """Run a node until SIGTERM/SIGINT; the exit status of the broker."""
+    return Supervisor(config, ids_per_worker).run()

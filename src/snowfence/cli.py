@@ -1,0 +1,171 @@
+"""The ``snowfence`` command: turns arguments into config and calls the package.
+
+    snowfence serve [--bind EP] [--workers N] [--region R] [--state-dir DIR] [--config FILE] ...
+    snowfence reserve N [--connect EP[,EP...]] [--json]
+    snowfence decode ID... [--json]
+    snowfence status [--connect EP[,EP...]] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import orjson
+
+from . import __version__
+from . import config as config_mod
+from .errors import ConfigError, SnowfenceError
+from .ids import format_unix_ms
+
+DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
+LAYOUT_FIELDS = ("epoch", "time_bits", "region_bits", "worker_bits", "sequence_bits")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
+    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                        help=f"TOML file of settings (env {config_mod.ENV_PREFIX}CONFIG).")
+    for name, f in config_mod.FIELDS.items():
+        if names is not None and name not in names:
+            continue
+        help_text = f"{f.metadata['help']} (env {config_mod.env_name(name)}"
+        if not f.metadata.get("secret"):
+            default = f.default
+            help_text += f"; default {','.join(default) if isinstance(default, tuple) else default!s}"
+        parser.add_argument(config_mod.flag_name(name), dest=name, default=argparse.SUPPRESS,
+                            metavar=f.metadata.get("metavar"), help=help_text + ")")
+
+
+def _load_config(args: argparse.Namespace, names=None) -> config_mod.Config:
+    flags = {name: getattr(args, name) for name in config_mod.FIELDS if hasattr(args, name)}
+    return config_mod.load(flags=flags, config_file=getattr(args, "config", None))
+
+
+def _connect_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--connect", metavar="EP[,EP...]", default=os.environ.get("SNOWFENCE_CONNECT", DEFAULT_CONNECT),
+                        help=f"Broker endpoint(s), tried in turn (env SNOWFENCE_CONNECT; default {DEFAULT_CONNECT}).")
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="Seconds to wait for a reply (default 5).")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="snowfence", description="64-bit, time-ordered IDs that are never issued twice.")
+    parser.add_argument("--version", action="version", version=f"snowfence {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="Run a node: a broker and its worker processes.",
+                           description="Run a node. With no arguments: embedded mode (file locks in the "
+                           "state directory), region 0, one worker per core, on tcp://127.0.0.1:5555.")
+    _add_config_flags(serve)
+
+    reserve = sub.add_parser("reserve", help="Reserve N IDs and print them.")
+    reserve.add_argument("count", type=int, metavar="N")
+    _connect_arg(reserve)
+    reserve.add_argument("--json", action="store_true", help="Print one JSON array of IDs as strings.")
+    reserve.add_argument("--blocks", action="store_true", help="Print blocks (first, count) instead of IDs.")
+
+    decode = sub.add_parser("decode", help="Show the fields of IDs.",
+                            description="Decode IDs with the configured layout (flags, env or --config).")
+    decode.add_argument("ids", nargs="+", metavar="ID")
+    decode.add_argument("--json", action="store_true", help="One JSON object per line.")
+    _add_config_flags(decode, LAYOUT_FIELDS)
+
+    status = sub.add_parser("status", help="Show a node's workers: worker ID, state, lease, reservation.")
+    _connect_arg(status)
+    status.add_argument("--json", action="store_true", help="Print the status as JSON.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return globals()[f"cmd_{args.command}"](args)
+    except ConfigError as exc:
+        print(f"snowfence: {exc}", file=sys.stderr)
+        return 2
+    except SnowfenceError as exc:
+        print(f"snowfence: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader of our output went away (e.g. `| head`); that is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .broker.supervisor import serve
+    from .logs import setup
+
+    config = _load_config(args)
+    setup(config.log_level, config.log_format, role="broker")
+    return serve(config)
+
+
+def _client(args: argparse.Namespace):
+    from .clients import Client
+
+    endpoints = [ep.strip() for ep in args.connect.split(",") if ep.strip()]
+    return Client(endpoints, timeout_s=args.timeout)
+
+
+def cmd_reserve(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        blocks = client.reserve(args.count)
+    out = sys.stdout
+    if args.blocks:
+        for b in blocks:
+            out.write(f"{b.first} {b.count}\n")
+    elif args.json:
+        out.write(orjson.dumps([str(i) for b in blocks for i in b]).decode() + "\n")
+    else:
+        for b in blocks:
+            out.write("".join(f"{i}\n" for i in b))
+    out.flush()
+    return 0
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    layout = _load_config(args).layout
+    status = 0
+    for text in args.ids:
+        try:
+            fields = layout.decompose(int(text)) if text.strip().isdigit() else None
+        except ValueError:
+            fields = None
+        if fields is None:
+            print(f"snowfence: {text!r} is not a snowfence ID", file=sys.stderr)
+            status = 1
+            continue
+        if args.json:
+            print(orjson.dumps(fields.to_dict()).decode())
+        else:
+            print(f"{fields.id}  {format_unix_ms(fields.unix_ms)}  region={fields.region} "
+                  f"worker={fields.worker} sequence={fields.sequence}")
+    return status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status = client.status()
+    if args.json:
+        print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    broker = status["broker"]
+    print(f"broker pid {broker.get('pid')} on {broker.get('bind')}: {broker.get('state')}, "
+          f"{broker.get('mode')} mode, region {status.get('region')}, "
+          f"{broker.get('workers_in_rotation')} of {len(broker.get('slots', []))} workers in rotation")
+    print(f"{'slot':>4} {'pid':>7} {'worker_id':>9} {'state':<13} {'rotation':<8} {'fence_in_s':>10} "
+          f"{'lease_s':>7} {'reserved_until':<24} reason")
+    for w in status["workers"]:
+        reserved = w.get("reserved_until_ms")
+        reserved_text = format_unix_ms(reserved + status["layout"]["epoch_ms"]) if isinstance(reserved, int) and reserved >= 0 else "-"
+        print(f"{w.get('slot', '-'):>4} {w.get('pid', '-'):>7} {_dash(w.get('worker_id')):>9} {str(w.get('state')):<13} "
+              f"{'yes' if w.get('in_rotation') else 'no':<8} {_dash(w.get('fence_in_s')):>10} "
+              f"{_dash(w.get('lease_remaining_s')):>7} {reserved_text:<24} {w.get('reason') or ''}")
+    return 0
+
+
+def _dash(value) -> str:
+    return "-" if value is None else str(value)

@@ -1,0 +1,188 @@
+"""The blocking client: a DEALER socket driven by the sans-I/O core.
+
+Requests are pipelined: ``reserve(1_000_000)`` keeps up to ``window`` requests
+in flight. A request that gets no reply within ``timeout_s`` is given up on and
+the socket is closed and reopened on the next endpoint (the Lazy Pirate
+pattern), so no stale reply can ever be read as the answer to a newer request.
+Retriable errors are retried with back-off; anything else is raised at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import zmq
+
+from .. import protocol
+from ..errors import SnowfenceError, Timeout
+from .core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_WINDOW, Block, Core, Pending, ReserveJob
+
+
+class Client:
+    """Reserve IDs from one or more snowfence brokers.
+
+    ``endpoints`` is one ZeroMQ endpoint or a list of them, tried in turn when
+    one stops answering. Safe to share between threads (calls take turns).
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        window: int = DEFAULT_WINDOW,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not self.endpoints:
+            raise ValueError("at least one endpoint is needed")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.window = window
+        self._timeout_ns = int(timeout_s * 1e9)
+        self._ctx = context or zmq.Context.instance()
+        self._core = Core()
+        self._lock = threading.RLock()
+        self._endpoint_index = 0
+        self._sock: zmq.Socket | None = None
+        self.resets = 0
+
+    # -- public API ---------------------------------------------------------------------
+
+    def reserve(self, n: int, *, after: int | None = None) -> list[Block]:
+        """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``."""
+        job = ReserveJob(n, window=self.window, retries=self.retries, after=after)
+        with self._lock:
+            self._run(job)
+        return job.result()
+
+    def ids(self, batch: int = protocol.MAX_BLOCK) -> Iterator[int]:
+        """An endless iterator of IDs, fetched ``batch`` at a time."""
+        return itertools.chain.from_iterable(self._ranges(batch))
+
+    def _ranges(self, batch: int) -> Iterator[range]:
+        while True:
+            for block in self.reserve(batch):
+                yield block.range()
+
+    def status(self) -> dict:
+        """The broker's view of itself and its workers."""
+        with self._lock:
+            attempts = 0
+            while True:
+                pending, frame = self._core.status(time.monotonic_ns() + self._timeout_ns)
+                self._socket().send(frame)
+                reply = self._await(pending)
+                if reply is not None:
+                    if reply.error is not None:
+                        raise reply.error
+                    return reply.status
+                attempts += 1
+                if attempts > self.retries:
+                    raise Timeout(f"no status reply from {self.endpoint} within {self.timeout_s} s")
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[self._endpoint_index]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(linger=0)
+                self._sock = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- transport ----------------------------------------------------------------------
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.endpoint)
+            self._sock = sock
+        return self._sock
+
+    def _reset(self, rotate: bool) -> None:
+        """Drop the socket (and any reply still on its way) and reconnect."""
+        self._core.abandon(list(self._core.inflight.values()))
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if rotate and len(self.endpoints) > 1:
+            self._endpoint_index = (self._endpoint_index + 1) % len(self.endpoints)
+        self.resets += 1
+
+    def _await(self, pending: Pending) -> protocol.Reply | None:
+        """Wait for the reply to one request; None (and a reset) if it timed out."""
+        sock = self._socket()
+        while True:
+            left_ms = (pending.deadline_ns - time.monotonic_ns()) // 1_000_000
+            if left_ms <= 0 or not sock.poll(left_ms, zmq.POLLIN):
+                self._reset(rotate=True)
+                return None
+            matched = self._core.match(sock.recv())
+            if matched is not None and matched[0] is pending:
+                return matched[1]
+
+    def _run(self, job: ReserveJob) -> None:
+        core = self._core
+        mine = lambda: [p for p in core.inflight.values() if p.job is job]  # noqa: E731
+        try:
+            while not job.done:
+                sock = self._socket()
+                now = time.monotonic_ns()
+                for count in job.to_send():
+                    pending, frame = core.reserve(count, now + self._timeout_ns, job, job.after)
+                    sock.send(frame)
+                deadline = min((p.deadline_ns for p in mine()), default=now)
+                wait_ms = max(0, (deadline - now) // 1_000_000)
+                backoff = 0.0
+                if sock.poll(wait_ms, zmq.POLLIN):
+                    while True:
+                        try:
+                            body = sock.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        matched = core.match(body)
+                        if matched is None or matched[0].job is not job:
+                            continue
+                        pending, reply = matched
+                        if reply.type == protocol.BLOCK:
+                            job.on_block(pending.count, Block(reply.first, reply.count))
+                            continue
+                        err = reply.error or SnowfenceError(f"unexpected reply type 0x{reply.type:02x}")
+                        if not err.retriable or not job.on_lost(pending.count, err):
+                            raise err
+                        backoff = max(backoff, job.backoff_s())
+                expired = [p for p in mine() if p.deadline_ns <= time.monotonic_ns()]
+                if expired:
+                    core.abandon(expired)
+                    for p in expired:
+                        if not job.on_lost(p.count, Timeout(f"no reply from {self.endpoint} within {self.timeout_s} s")):
+                            raise job.last_error
+                    self._requeue_and_reset(job, mine())
+                elif backoff:
+                    if len(self.endpoints) > 1:
+                        self._requeue_and_reset(job, mine())
+                    time.sleep(backoff)
+        except BaseException:
+            core.abandon(mine())
+            raise
+
+    def _requeue_and_reset(self, job: ReserveJob, pendings: list[Pending]) -> None:
+        """Reset the socket; the job's other requests in flight are asked again."""
+        self._core.abandon(pendings)
+        for p in pendings:
+            job.requeue(p.count)
+        self._reset(rotate=True)

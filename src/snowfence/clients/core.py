@@ -1,0 +1,198 @@
+"""The sans-I/O heart of both clients: request ids, framing, matching, planning.
+
+Nothing here touches a socket or a clock; the blocking and asyncio clients feed
+it reply bodies and the monotonic time, and do what it says. That keeps the
+rules (how a large reservation is split, what a partial grant means, which
+errors are retried, when a connection must be reset) in one place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .. import protocol
+from ..errors import BadRequest, SnowfenceError
+
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_RETRIES = 5
+#: Requests one reservation keeps in flight at once.
+DEFAULT_WINDOW = 32
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 1.0
+
+
+class Block:
+    """IDs ``first .. first+count-1``: minted by one worker within one millisecond."""
+
+    __slots__ = ("first", "count")
+
+    def __init__(self, first: int, count: int) -> None:
+        self.first = first
+        self.count = count
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+    def range(self) -> range:
+        return range(self.first, self.first + self.count)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.first, self.first + self.count))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, id_: object) -> bool:
+        return isinstance(id_, int) and self.first <= id_ < self.first + self.count
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Block) and (self.first, self.count) == (other.first, other.count)
+
+    def __hash__(self) -> int:
+        return hash((self.first, self.count))
+
+    def __repr__(self) -> str:
+        return f"Block(first={self.first}, count={self.count})"
+
+
+def check_count(n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise BadRequest(f"count must be an integer, not {type(n).__name__}")
+    if n < 1:
+        raise BadRequest(f"count must be at least 1, got {n}")
+    return n
+
+
+@dataclass
+class Pending:
+    """A request on the wire."""
+
+    request_id: int
+    kind: int
+    count: int
+    deadline_ns: int
+    job: object = None
+
+
+class Core:
+    """Frames requests and matches replies for one client.
+
+    Request ids increase by one from a random start, so a reply to a request
+    that was given up on (or one meant for an earlier socket) never matches a
+    newer request: :meth:`match` drops it.
+    """
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(random.getrandbits(40) + 1)
+        self.inflight: dict[int, Pending] = {}
+
+    def reserve(self, count: int, deadline_ns: int, job: object = None, after: int | None = None) -> tuple[Pending, bytes]:
+        rid = next(self._ids)
+        pending = Pending(rid, protocol.RESERVE, count, deadline_ns, job)
+        self.inflight[rid] = pending
+        return pending, protocol.encode_reserve(rid, count, after)
+
+    def status(self, deadline_ns: int, job: object = None) -> tuple[Pending, bytes]:
+        rid = next(self._ids)
+        pending = Pending(rid, protocol.STATUS, 0, deadline_ns, job)
+        self.inflight[rid] = pending
+        return pending, protocol.encode_status(rid)
+
+    def match(self, body: bytes) -> tuple[Pending, protocol.Reply] | None:
+        """The request a reply answers, or None for a stale, unknown or garbled reply."""
+        try:
+            reply = protocol.decode_reply(body)
+        except SnowfenceError:
+            return None
+        pending = self.inflight.pop(reply.request_id, None)
+        if pending is None:
+            return None
+        if reply.type == protocol.BLOCK and not 0 < reply.count <= pending.count:
+            # A server must never grant more than asked; treat it as a broken reply.
+            self.inflight[reply.request_id] = pending
+            return None
+        return pending, reply
+
+    def expired(self, now_ns: int) -> list[Pending]:
+        return [p for p in self.inflight.values() if p.deadline_ns <= now_ns]
+
+    def next_deadline_ns(self) -> int | None:
+        return min((p.deadline_ns for p in self.inflight.values()), default=None)
+
+    def abandon(self, pendings) -> None:
+        for p in pendings:
+            self.inflight.pop(p.request_id, None)
+
+
+@dataclass
+class ReserveJob:
+    """The plan for ``reserve(n)``: split into requests of at most MAX_BLOCK, keep
+    up to ``window`` in flight, ask again for what a partial grant left out, and
+    re-send what timed out or was refused with a retriable error."""
+
+    n: int
+    window: int = DEFAULT_WINDOW
+    retries: int = DEFAULT_RETRIES
+    after: int | None = None
+    blocks: list[Block] = field(default_factory=list)
+    #: IDs not yet asked for (or to be asked for again).
+    unasked: int = 0
+    inflight: int = 0
+    attempts: int = 0
+    last_error: SnowfenceError | None = None
+    _chunks: deque = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        self.unasked = check_count(self.n)
+
+    @property
+    def granted(self) -> int:
+        return sum(b.count for b in self.blocks)
+
+    @property
+    def done(self) -> bool:
+        return self.unasked == 0 and self.inflight == 0
+
+    def to_send(self) -> list[int]:
+        """Counts of the requests to send now."""
+        out = []
+        while self.unasked and self.inflight < self.window:
+            count = min(self.unasked, protocol.MAX_BLOCK)
+            self.unasked -= count
+            self.inflight += 1
+            out.append(count)
+        return out
+
+    def on_block(self, asked: int, block: Block) -> None:
+        self.inflight -= 1
+        self.blocks.append(block)
+        self.unasked += asked - block.count
+
+    def requeue(self, asked: int) -> None:
+        """A request was dropped with its socket: ask again, without counting a failure."""
+        self.inflight -= 1
+        self.unasked += asked
+
+    def on_lost(self, asked: int, error: SnowfenceError) -> bool:
+        """A request timed out or was refused retriably: ask again, if attempts remain.
+
+        Returns False when the job has used up its retries (the caller raises
+        ``last_error``).
+        """
+        self.requeue(asked)
+        self.attempts += 1
+        self.last_error = error
+        return self.attempts <= self.retries
+
+    def backoff_s(self) -> float:
+        """Delay before re-sending after the latest failure: exponential, jittered."""
+        base = min(BACKOFF_MIN_S * 2 ** max(self.attempts - 1, 0), BACKOFF_MAX_S)
+        return base * random.uniform(0.5, 1.0)
+
+    def result(self) -> list[Block]:
+        return sorted(self.blocks, key=lambda b: b.first)

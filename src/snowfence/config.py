@@ -1,0 +1,239 @@
+"""One frozen, typed configuration for a node.
+
+Each field is documented where it is defined and maps one to one onto a
+command-line flag (``state_dir`` -> ``--state-dir``), an environment variable
+(``SNOWFENCE_STATE_DIR``) and a key of the TOML file given by ``--config``.
+Precedence: defaults < TOML file < environment < flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .ids import DEFAULT_EPOCH_MS, Layout, parse_epoch
+
+ENV_PREFIX = "SNOWFENCE_"
+
+
+def default_state_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "snowfence")
+
+
+def setting(default: Any, help: str, *, secret: bool = False, metavar: str | None = None) -> Any:
+    """A config field with the documentation its flag and env var share."""
+    return field(default=default, metadata={"help": help, "secret": secret, "metavar": metavar})
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a node needs to know; validated on construction."""
+
+    # -- serving ------------------------------------------------------------------
+    bind: str = setting("tcp://127.0.0.1:5555", "ZeroMQ endpoint the broker binds for clients.", metavar="ENDPOINT")
+    workers: int = setting(0, "Worker processes to run; 0 means one per CPU core.", metavar="N")
+    worker_credits: int = setting(16, "Requests the broker may queue at one worker before it picks another.", metavar="N")
+
+    # -- identity and layout ----------------------------------------------------------
+    region: int = setting(0, "Region number stamped into every ID this node mints.", metavar="R")
+    epoch: str = setting(str(DEFAULT_EPOCH_MS), "ID epoch: Unix milliseconds or an ISO-8601 UTC time.", metavar="TIME")
+    time_bits: int = setting(41, "Bits of milliseconds since the epoch.", metavar="BITS")
+    region_bits: int = setting(3, "Bits of region number.", metavar="BITS")
+    worker_bits: int = setting(7, "Bits of worker ID.", metavar="BITS")
+    sequence_bits: int = setting(12, "Bits of per-millisecond sequence.", metavar="BITS")
+
+    # -- leases -----------------------------------------------------------------------
+    state_dir: str = setting(
+        default_state_dir(),
+        "Directory for worker-ID locks and marks (embedded mode) and each worker's last worker ID.",
+        metavar="DIR",
+    )
+    etcd: tuple[str, ...] = setting((), "etcd endpoints, comma-separated (http[s]://host:port); empty means embedded mode.", metavar="URLS")
+    cluster: str = setting("default", "Cluster name: the etcd key prefix /snowfence/<cluster>/.", metavar="NAME")
+    etcd_ca: str = setting("", "CA certificate file for etcd TLS.", metavar="FILE")
+    etcd_cert: str = setting("", "Client certificate file for etcd TLS.", metavar="FILE")
+    etcd_key: str = setting("", "Client key file for etcd TLS.", metavar="FILE")
+    etcd_user: str = setting("", "etcd user name (with --etcd-password).", metavar="USER")
+    etcd_password: str = setting("", "etcd password; prefer the environment or the config file to a flag.", secret=True, metavar="PASSWORD")
+    etcd_timeout_s: float = setting(1.0, "Deadline of every etcd call, in seconds.", metavar="S")
+    lease_ttl_s: int = setting(10, "TTL of a worker-ID lease in etcd, in seconds.", metavar="S")
+    keepalive_interval_s: float = setting(2.0, "Seconds between lease renewals (and mark extensions).", metavar="S")
+    fence_after_s: float = setting(5.0, "A worker refuses (fenced) when no renewal sent within this many seconds succeeded.", metavar="S")
+    reservation_window_s: float = setting(5.0, "How far ahead of the wall clock the time high-water mark is extended, in seconds.", metavar="S")
+
+    # -- clock ------------------------------------------------------------------------
+    max_step_back_ms: int = setting(10, "Backward clock steps up to this many ms are waited out; larger ones refuse.", metavar="MS")
+
+    # -- processes ----------------------------------------------------------------------
+    heartbeat_interval_s: float = setting(0.5, "Seconds between heartbeats of broker and workers.", metavar="S")
+    heartbeat_timeout_s: float = setting(3.0, "A worker silent this long leaves rotation; a broker silent this long ends its workers.", metavar="S")
+    shutdown_timeout_s: float = setting(4.0, "Seconds workers get to drain and release on shutdown before they are killed.", metavar="S")
+
+    # -- logs ---------------------------------------------------------------------------
+    log_level: str = setting("info", "debug, info, warning or error.", metavar="LEVEL")
+    log_format: str = setting("text", "text, or json for one JSON object per event.", metavar="FORMAT")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _coerce(f, getattr(self, f.name)))
+        layout = self.layout  # validates widths and epoch
+        layout.check_region(self.region)
+        if not self.bind:
+            raise ConfigError("bind must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555")
+        if self.workers < 0 or self.workers > layout.max_worker + 1:
+            raise ConfigError(f"workers must be 0..{layout.max_worker + 1}, got {self.workers}")
+        if not 1 <= self.worker_credits <= 1024:
+            raise ConfigError(f"worker_credits must be 1..1024, got {self.worker_credits}")
+        _positive(self, "etcd_timeout_s", "keepalive_interval_s", "fence_after_s", "reservation_window_s",
+                  "heartbeat_interval_s", "heartbeat_timeout_s", "shutdown_timeout_s")
+        if self.lease_ttl_s < 2:
+            raise ConfigError(f"lease_ttl_s must be at least 2, got {self.lease_ttl_s}")
+        if not self.keepalive_interval_s < self.fence_after_s < self.lease_ttl_s:
+            raise ConfigError(
+                "need keepalive_interval_s < fence_after_s < lease_ttl_s so a worker fences itself "
+                f"before etcd can give its worker ID away; got {self.keepalive_interval_s} < "
+                f"{self.fence_after_s} < {self.lease_ttl_s}"
+            )
+        if self.etcd_timeout_s >= self.fence_after_s:
+            raise ConfigError("etcd_timeout_s must be shorter than fence_after_s")
+        if self.reservation_window_s <= self.keepalive_interval_s:
+            raise ConfigError("reservation_window_s must exceed keepalive_interval_s, or the reservation runs out between renewals")
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ConfigError("heartbeat_timeout_s must be more than twice heartbeat_interval_s")
+        if not 0 <= self.max_step_back_ms <= 1000:
+            raise ConfigError(f"max_step_back_ms must be 0..1000, got {self.max_step_back_ms}")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"log_format must be text or json, got {self.log_format!r}")
+        if bool(self.etcd_user) != bool(self.etcd_password):
+            raise ConfigError("etcd_user and etcd_password go together")
+        if (self.etcd_cert or self.etcd_key) and not (self.etcd_cert and self.etcd_key):
+            raise ConfigError("etcd_cert and etcd_key go together")
+        if not self.cluster or "/" in self.cluster:
+            raise ConfigError(f"cluster must be a non-empty name without '/', got {self.cluster!r}")
+        for url in self.etcd:
+            if not url.startswith(("http://", "https://")) or ":" not in url.split("://", 1)[1]:
+                raise ConfigError(f"etcd endpoint {url!r} must look like http://host:port or https://host:port")
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(
+            epoch_ms=parse_epoch(self.epoch),
+            time_bits=self.time_bits,
+            region_bits=self.region_bits,
+            worker_bits=self.worker_bits,
+            sequence_bits=self.sequence_bits,
+        )
+
+    @property
+    def worker_count(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+    @property
+    def embedded(self) -> bool:
+        return not self.etcd
+
+    def public(self) -> dict:
+        """The settings with secrets masked, for logs and status."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = "***" if f.metadata.get("secret") and value else value
+        return out
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _positive(cfg: Config, *names: str) -> None:
+    for name in names:
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+
+
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """Bring a value from TOML, the environment or a flag to the field's type."""
+    kind = f.type
+    try:
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind == "str":
+            if isinstance(value, bool):
+                raise ValueError
+            return str(value)
+        if kind == "tuple[str, ...]":
+            if isinstance(value, str):
+                return tuple(part.strip() for part in value.split(",") if part.strip())
+            if isinstance(value, (list, tuple)):
+                return tuple(str(part) for part in value)
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"{f.name}: {value!r} is not a valid {kind}") from None
+    raise AssertionError(f"no coercion for {kind}")
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def load(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | os.PathLike | None = None,
+) -> Config:
+    """Build a Config from defaults < TOML file < environment < flags.
+
+    ``flags`` holds only the flags the user gave. The config file comes from the
+    ``config_file`` argument or else ``SNOWFENCE_CONFIG``.
+    """
+    env = os.environ if env is None else env
+    flags = dict(flags or {})
+    values: dict[str, Any] = {}
+    path = config_file or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        values.update(read_toml(path))
+    for name in FIELDS:
+        if env_name(name) in env:
+            values[name] = env[env_name(name)]
+    for name, value in flags.items():
+        if name not in FIELDS:
+            raise ConfigError(f"unknown setting {name!r}")
+        values[name] = value
+    return Config(**values)
+
+
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    # Accept either top-level keys or a [snowfence] table.
+    if isinstance(data.get("snowfence"), dict):
+        data = data["snowfence"]
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)}")
+    return data

@@ -1,0 +1,168 @@
+"""Every error snowfence raises or sends, each with its wire ``code``.
+
+An error that crosses the wire is identified by its ``code`` string alone; the
+client turns the code back into the same class with :func:`from_code`. The
+``retriable`` flag is what clients and the broker consult to decide whether
+asking again (elsewhere, or later) can succeed; nothing matches on messages.
+"""
+
+from __future__ import annotations
+
+
+class SnowfenceError(Exception):
+    """Base of every snowfence error."""
+
+    code = "internal"
+    retriable = False
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or self.__doc__.strip().splitlines()[0])
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+    def to_wire(self) -> dict:
+        return {"code": self.code, "message": self.message, "retriable": self.retriable}
+
+
+# -- bad input: asking again unchanged cannot succeed ------------------------------
+
+
+class BadRequest(SnowfenceError):
+    """The request is malformed or asks for something out of range."""
+
+    code = "bad_request"
+
+
+class UnsupportedVersion(BadRequest):
+    """The request speaks a protocol version this server does not."""
+
+    code = "unsupported_version"
+
+
+class FrameTooLarge(BadRequest):
+    """The request frame is larger than the server accepts."""
+
+    code = "frame_too_large"
+
+
+# -- refusals by a worker's minter: another worker (or a moment later) may succeed ---
+
+
+class Refused(SnowfenceError):
+    """A worker refused to mint because a guard could not be confirmed."""
+
+    code = "refused"
+    retriable = True
+
+
+class Fenced(Refused):
+    """The worker has not renewed its worker-ID lease recently enough to mint."""
+
+    code = "fenced"
+
+
+class ClockUnsafe(Refused):
+    """The wall clock stepped back further than the worker may wait out."""
+
+    code = "clock_unsafe"
+
+
+class ReservationExpired(Refused):
+    """The clock has passed the time high-water mark the worker has persisted."""
+
+    code = "reservation_expired"
+
+
+# -- the service as a whole ----------------------------------------------------------
+
+
+class Unavailable(SnowfenceError):
+    """No worker can serve the request right now."""
+
+    code = "unavailable"
+    retriable = True
+
+
+class Timeout(Unavailable):
+    """No reply arrived within the client's timeout."""
+
+    code = "timeout"
+
+
+class Overloaded(SnowfenceError):
+    """Too many requests in flight on this connection."""
+
+    code = "overloaded"
+    retriable = True
+
+
+class InternalError(SnowfenceError):
+    """The server failed in a way it did not expect."""
+
+    code = "internal"
+
+
+# -- local errors: configuration and boot; never sent on the wire ---------------------
+
+
+class ConfigError(SnowfenceError):
+    """The configuration is invalid."""
+
+    code = "config_error"
+
+
+class LayoutMismatch(ConfigError):
+    """The configured ID layout differs from the one the cluster already uses."""
+
+    code = "layout_mismatch"
+
+
+class StateDirError(ConfigError):
+    """The state directory cannot be used."""
+
+    code = "state_dir_error"
+
+
+class NoFreeWorkerId(SnowfenceError):
+    """Every worker ID of the region is held by another worker."""
+
+    code = "no_free_worker_id"
+    retriable = True
+
+
+class LeaseLost(SnowfenceError):
+    """The worker-ID lease is gone: expired, revoked, or taken over."""
+
+    code = "lease_lost"
+    retriable = True
+
+
+class EtcdUnavailable(SnowfenceError):
+    """etcd did not answer within the deadline."""
+
+    code = "etcd_unavailable"
+    retriable = True
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_subclasses(sub))
+    return out
+
+
+_BY_CODE: dict[str, type[SnowfenceError]] = {c.code: c for c in _subclasses(SnowfenceError)}
+_BY_CODE["internal"] = InternalError
+
+
+def from_code(code: str, message: str = "", retriable: bool | None = None) -> SnowfenceError:
+    """The error for a wire ``code``; an unknown code keeps its code and flag."""
+    cls = _BY_CODE.get(code)
+    if cls is not None:
+        return cls(message or None)
+    err = SnowfenceError(message or f"server error {code!r}")
+    err.code = code
+    err.retriable = bool(retriable)
+    return err

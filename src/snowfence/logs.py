@@ -1,0 +1,76 @@
+"""Logging: plain text for people, or one JSON object per event for machines.
+
+Every state change is logged through :func:`event` with a stable event name
+(``claimed``, ``fenced``, ``clock_unsafe``, ``rejoined``, ``restarted``, ...) so
+alerts can key on the name rather than on the wording of a message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import orjson
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def event(logger: logging.Logger, name: str, message: str = "", *, level: int = logging.INFO, **fields) -> None:
+    """Log a named event with structured fields."""
+    if logger.isEnabledFor(level):
+        logger.log(level, message or name, extra={"event": name, "fields": fields})
+
+
+class _TextFormatter(logging.Formatter):
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        text = f"{stamp}.{int(record.msecs):03d}Z {record.levelname:<7} {self.role}[{os.getpid()}] {record.getMessage()}"
+        name = getattr(record, "event", None)
+        fields = getattr(record, "fields", None)
+        if name and name != record.getMessage():
+            text += f" event={name}"
+        if fields:
+            text += "".join(f" {k}={v}" for k, v in fields.items())
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+class _JsonFormatter(logging.Formatter):
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        doc = {
+            "ts": f"{stamp}.{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "role": self.role,
+            "pid": os.getpid(),
+            "event": getattr(record, "event", None) or "log",
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if fields:
+            for key, value in fields.items():
+                doc.setdefault(key, value)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+def setup(level: str = "info", fmt: str = "text", role: str = "snowfence") -> None:
+    """Send snowfence's logs to stderr in the chosen format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter(role) if fmt == "json" else _TextFormatter(role))
+    root = logging.getLogger("snowfence")
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS.get(level, logging.INFO))
+    root.propagate = False

@@ -1,0 +1,259 @@
+"""Every byte snowfence puts on a wire: frame constants, encoders and decoders.
+
+Client <-> broker (``docs/PROTOCOL.md`` is the full specification)
+--------------------------------------------------------------------
+
+A client talks to the broker's ROUTER socket from a DEALER (or REQ) socket.
+A request is one body frame, optionally preceded by one empty delimiter frame
+(REQ sockets add it); the reply carries the same delimiter, then one body.
+Integers are big-endian. Every body starts with the same 12-byte header::
+
+     0        1        2                 4                                   12
+    +--------+--------+-----------------+-----------------------------------+
+    |version | type   | flags           | request_id                        |
+    +--------+--------+-----------------+-----------------------------------+
+       u8       u8          u16                        u64
+
+    RESERVE      0x01  header + count:u32                            (16 bytes)
+                       flags bit 0 (AFTER): + after:u64             (24 bytes)
+    STATUS       0x02  header                                        (12 bytes)
+    BLOCK        0x81  header + first:u64 + count:u32                (24 bytes)
+    STATUS_REPLY 0x82  header + UTF-8 JSON object
+    ERROR        0xFF  header + UTF-8 JSON {"code", "message", "retriable"}
+
+A reply echoes the request's ``request_id``; 0 means the request could not be
+read far enough to know it.
+
+Broker <-> worker (internal; both ends ship together)
+------------------------------------------------------
+
+Workers connect DEALER sockets to the broker's backend ROUTER. Every message is
+one frame whose first byte is its kind. A client request travels with its
+return address (the client's routing id) so neither side keeps a table::
+
+    broker -> worker  WORK     0x01 meta:u8 alen:u8 addr body
+                      PING     0x02
+                      STOP     0x03
+    worker -> broker  STATE    0x11 JSON status (also the heartbeat)
+                      REPLY    0x12 meta:u8 alen:u8 addr reply_body
+                      REFUSED  0x13 meta:u8 alen:u8 addr blen:u8 request_body error_body
+
+``meta`` bit 7 says the client used a delimiter frame; bits 0-6 count how
+many workers have refused this request so far.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import orjson
+
+from .errors import BadRequest, FrameTooLarge, SnowfenceError, UnsupportedVersion, from_code
+
+VERSION = 1
+
+# Message types, client <-> broker.
+RESERVE = 0x01
+STATUS = 0x02
+BLOCK = 0x81
+STATUS_REPLY = 0x82
+ERROR = 0xFF
+
+FLAG_AFTER = 0x0001
+
+#: The most IDs one RESERVE may ask for: one millisecond of the default layout.
+MAX_BLOCK = 4096
+
+#: Request bodies longer than this are refused without further reading.
+MAX_REQUEST_BYTES = 255
+
+HEADER = struct.Struct("!BBHQ")
+_RESERVE = struct.Struct("!BBHQI")
+_RESERVE_AFTER = struct.Struct("!BBHQIQ")
+_BLOCK = struct.Struct("!BBHQQI")
+
+HEADER_SIZE = HEADER.size
+RESERVE_SIZE = _RESERVE.size
+RESERVE_AFTER_SIZE = _RESERVE_AFTER.size
+BLOCK_SIZE = _BLOCK.size
+
+_KNOWN_FLAGS = FLAG_AFTER
+
+
+class Request(NamedTuple):
+    """A client request, as read by a server."""
+
+    type: int
+    request_id: int
+    count: int = 0
+    after: int | None = None
+
+
+class Reply(NamedTuple):
+    """A server reply, as read by a client. ``error`` is set for ERROR replies."""
+
+    type: int
+    request_id: int
+    first: int = 0
+    count: int = 0
+    status: dict | None = None
+    error: SnowfenceError | None = None
+
+
+# -- client side ------------------------------------------------------------------
+
+
+def encode_reserve(request_id: int, count: int, after: int | None = None) -> bytes:
+    if after is None:
+        return _RESERVE.pack(VERSION, RESERVE, 0, request_id, count)
+    return _RESERVE_AFTER.pack(VERSION, RESERVE, FLAG_AFTER, request_id, count, after)
+
+
+def encode_status(request_id: int) -> bytes:
+    return HEADER.pack(VERSION, STATUS, 0, request_id)
+
+
+def decode_reply(body: bytes) -> Reply:
+    """Read a reply body; raises :class:`BadRequest` if it is not one."""
+    if len(body) < HEADER_SIZE:
+        raise BadRequest(f"reply of {len(body)} bytes is shorter than the {HEADER_SIZE}-byte header")
+    version, type_, _flags, request_id = HEADER.unpack_from(body)
+    if version != VERSION:
+        raise UnsupportedVersion(f"reply has protocol version {version}, expected {VERSION}")
+    if type_ == BLOCK:
+        if len(body) != BLOCK_SIZE:
+            raise BadRequest(f"BLOCK reply of {len(body)} bytes, expected {BLOCK_SIZE}")
+        _, _, _, _, first, count = _BLOCK.unpack(body)
+        return Reply(BLOCK, request_id, first=first, count=count)
+    if type_ == ERROR:
+        try:
+            data = orjson.loads(body[HEADER_SIZE:])
+            err = from_code(str(data["code"]), str(data.get("message", "")), data.get("retriable"))
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            raise BadRequest("ERROR reply does not carry a JSON object with a code") from None
+        return Reply(ERROR, request_id, error=err)
+    if type_ == STATUS_REPLY:
+        try:
+            status = orjson.loads(body[HEADER_SIZE:])
+        except orjson.JSONDecodeError:
+            raise BadRequest("STATUS reply does not carry JSON") from None
+        return Reply(STATUS_REPLY, request_id, status=status)
+    raise BadRequest(f"unknown reply type 0x{type_:02x}")
+
+
+# -- server side ------------------------------------------------------------------
+
+
+def request_id_of(body: bytes) -> int:
+    """The request id of a body, or 0 if the body is too short to carry one."""
+    if len(body) >= HEADER_SIZE:
+        return HEADER.unpack_from(body)[3]
+    return 0
+
+
+def decode_request(body: bytes) -> Request:
+    """Read a request body.
+
+    Raises :class:`BadRequest` (or a subclass) for anything malformed; the error's
+    ``request_id`` attribute holds the id to echo (0 if unreadable).
+    """
+    size = len(body)
+    if size > MAX_REQUEST_BYTES:
+        raise _with_id(FrameTooLarge(f"request of {size} bytes exceeds {MAX_REQUEST_BYTES}"), body)
+    if size == 0:
+        raise _with_id(BadRequest("empty request frame"), body)
+    if body[0] != VERSION:
+        raise _with_id(
+            UnsupportedVersion(f"protocol version {body[0]} is not supported; this server speaks {VERSION}"),
+            body,
+        )
+    if size < HEADER_SIZE:
+        raise _with_id(BadRequest(f"request of {size} bytes is shorter than the {HEADER_SIZE}-byte header"), body)
+    _, type_, flags, request_id = HEADER.unpack_from(body)
+    if flags & ~_KNOWN_FLAGS:
+        raise _with_id(BadRequest(f"unknown flags 0x{flags:04x}"), body)
+    if type_ == RESERVE:
+        if flags & FLAG_AFTER:
+            if size != RESERVE_AFTER_SIZE:
+                raise _with_id(BadRequest(f"RESERVE with AFTER must be {RESERVE_AFTER_SIZE} bytes, got {size}"), body)
+            _, _, _, _, count, after = _RESERVE_AFTER.unpack(body)
+        else:
+            if size != RESERVE_SIZE:
+                raise _with_id(BadRequest(f"RESERVE must be {RESERVE_SIZE} bytes, got {size}"), body)
+            _, _, _, _, count = _RESERVE.unpack(body)
+            after = None
+        if not 1 <= count <= MAX_BLOCK:
+            raise _with_id(BadRequest(f"count must be 1..{MAX_BLOCK}, got {count}"), body)
+        return Request(RESERVE, request_id, count, after)
+    if type_ == STATUS:
+        if size != HEADER_SIZE or flags:
+            raise _with_id(BadRequest(f"STATUS must be {HEADER_SIZE} bytes without flags"), body)
+        return Request(STATUS, request_id)
+    raise _with_id(BadRequest(f"unknown request type 0x{type_:02x}"), body)
+
+
+def _with_id(err: SnowfenceError, body: bytes) -> SnowfenceError:
+    err.request_id = request_id_of(body)
+    return err
+
+
+def encode_block(request_id: int, first: int, count: int) -> bytes:
+    return _BLOCK.pack(VERSION, BLOCK, 0, request_id, first, count)
+
+
+def encode_status_reply(request_id: int, status: dict) -> bytes:
+    return HEADER.pack(VERSION, STATUS_REPLY, 0, request_id) + orjson.dumps(status)
+
+
+def encode_error(request_id: int, err: SnowfenceError) -> bytes:
+    return HEADER.pack(VERSION, ERROR, 0, request_id) + orjson.dumps(err.to_wire())
+
+
+# -- broker <-> worker ---------------------------------------------------------------
+
+WORK = 0x01
+PING = 0x02
+STOP = 0x03
+STATE = 0x11
+REPLY = 0x12
+REFUSED = 0x13
+
+#: ``meta`` bit saying the client framed its request with an empty delimiter.
+META_DELIMITED = 0x80
+META_TRIES = 0x7F
+
+PING_FRAME = bytes((PING,))
+STOP_FRAME = bytes((STOP,))
+
+
+def encode_work(meta: int, addr: bytes, body: bytes) -> bytes:
+    return b"\x01%c%c%b%b" % (meta, len(addr), addr, body)
+
+
+def split_routed(frame: bytes) -> tuple[int, bytes, bytes]:
+    """``(meta, addr, rest)`` of a WORK, REPLY or REFUSED frame."""
+    end = 3 + frame[2]
+    return frame[1], frame[3:end], frame[end:]
+
+
+def encode_reply(meta: int, addr: bytes, reply: bytes) -> bytes:
+    return b"\x12%c%c%b%b" % (meta, len(addr), addr, reply)
+
+
+def encode_refused(meta: int, addr: bytes, request: bytes, error_reply: bytes) -> bytes:
+    return b"\x13%c%c%b%c%b%b" % (meta, len(addr), addr, len(request), request, error_reply)
+
+
+def split_refused(rest: bytes) -> tuple[bytes, bytes]:
+    """``(request_body, error_reply)`` from the ``rest`` of a REFUSED frame."""
+    end = 1 + rest[0]
+    return rest[1:end], rest[end:]
+
+
+def encode_state(status: dict) -> bytes:
+    return b"\x11" + orjson.dumps(status)
+
+
+def decode_state(frame: bytes) -> dict:
+    return orjson.loads(frame[1:])

@@ -1,0 +1,1 @@
+"""Worker processes: each holds leased worker IDs and mints from them."""

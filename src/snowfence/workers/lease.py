@@ -1,0 +1,250 @@
+"""Worker-ID leases: the handle, the store that hands them out, and the keeper.
+
+A :class:`Lease` is the right to mint as one worker ID. It carries the fencing
+token of its claim and the time high-water mark (``reserved_until_ms``): the
+highest millisecond any owner of this worker ID may have used. Its verbs are
+``refresh`` (renew the lease), ``extend`` (persist a higher mark, guarded by the
+token) and ``release`` (lower the mark to the last millisecond used, then free
+the worker ID).
+
+The :class:`Keeper` thread renews and extends ahead of use and moves the
+minter's ``fence_deadline_ns`` and ``reserved_until_ms`` only after the store
+confirmed; the minter never waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from ..errors import LeaseLost, SnowfenceError
+from ..ids import Layout
+from ..logs import event
+from .minter import NEVER_NS, Minter
+
+log = logging.getLogger("snowfence.lease")
+
+
+class Lease:
+    """One claimed worker ID. Subclasses talk to their store."""
+
+    #: Whether the lease can lapse (etcd) or is held by the kernel (file lock).
+    expires = False
+
+    def __init__(self, region: int, worker_id: int, token: int, mark_ms: int) -> None:
+        self.region = region
+        self.worker_id = worker_id
+        #: Fencing token: increases with every claim of this worker ID.
+        self.token = token
+        #: The mark found when claiming: no ID of ours may carry this ms or an earlier one.
+        self.claimed_mark_ms = mark_ms
+        #: The highest millisecond we have persisted as ours to use.
+        self.reserved_until_ms = mark_ms
+        self.released = False
+
+    def refresh(self) -> None:
+        """Renew the lease; raises :class:`LeaseLost` if it is gone."""
+
+    def extend(self, until_ms: int) -> None:
+        """Persist ``until_ms`` as the mark, only while we still hold the worker ID."""
+        raise NotImplementedError
+
+    def release(self, last_used_ms: int) -> None:
+        """Lower the mark to ``last_used_ms`` and free the worker ID."""
+        raise NotImplementedError
+
+    def abandon(self) -> None:
+        """Drop local resources of a lease that is already lost; writes nothing."""
+        self.released = True
+
+    def remaining_s(self) -> float | None:
+        """Seconds until the lease lapses without renewal; None if it cannot lapse."""
+        return None
+
+    def describe(self) -> dict:
+        return {
+            "worker_id": self.worker_id,
+            "token": self.token,
+            "reserved_until_ms": self.reserved_until_ms,
+        }
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.released:
+            self.abandon()
+
+
+class Store:
+    """Hands out leases on worker IDs of one region."""
+
+    #: Skip free worker IDs whose mark is implausibly far ahead of our clock. In
+    #: etcd mode another host's clock may be wrong; on one host the mark came from
+    #: our own clock, so the right answer is to wait for it, not to hop.
+    skips_far_marks = False
+
+    def check_layout(self, layout: Layout) -> None:
+        """Record the layout if none is recorded; raise LayoutMismatch if it differs."""
+        raise NotImplementedError
+
+    def try_claim(self, worker_id: int, holder: str, max_mark_ms: int | None) -> Lease | None:
+        """Claim ``worker_id`` if it is free (and its mark <= ``max_mark_ms``, if given)."""
+        raise NotImplementedError
+
+    def candidates(self) -> Iterator[int]:
+        """Worker IDs worth trying, in order."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def claim(self, preferred: int | None, holder: str, now_ms: int, max_ahead_ms: int) -> Lease | None:
+        """Claim the preferred worker ID if free, else any free one; None if none is.
+
+        Where the store skips far marks, a first pass passes over worker IDs whose
+        mark is more than ``max_ahead_ms`` ahead of ``now_ms``; only if that finds
+        nothing does a second pass take them.
+        """
+        order = list(self.candidates())
+        if preferred is not None and preferred in order:
+            order.remove(preferred)
+            order.insert(0, preferred)
+        passes = [now_ms + max_ahead_ms, None] if self.skips_far_marks else [None]
+        for limit in passes:
+            for worker_id in order:
+                lease = self.try_claim(worker_id, holder, limit)
+                if lease is not None:
+                    return lease
+        return None
+
+
+class PreferenceFile:
+    """The worker ID a worker slot held last, so a restart asks for it again."""
+
+    def __init__(self, state_dir: str | os.PathLike, namespace: str, slot: int) -> None:
+        self.path = Path(state_dir) / "last-worker-id" / namespace / f"slot-{slot}"
+
+    def read(self) -> int | None:
+        try:
+            return int(self.path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def write(self, worker_id: int) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(f"{worker_id}\n")
+            os.replace(tmp, self.path)
+        except OSError as exc:  # a preference only limits churn; losing it is harmless
+            log.warning("cannot record last worker ID in %s: %s", self.path, exc)
+
+
+class Keeper(threading.Thread):
+    """Renews one lease and extends its mark ahead of the minter, in the background.
+
+    Every ``interval_s`` it sends a renewal; if that succeeds, the fence deadline
+    moves to ``sent + fence_after_s`` (monotonic, counted from when the renewal was
+    sent, not when it returned). Then it extends the mark to ``now + window`` and
+    moves the minter's ``reserved_until_ms`` only after the store confirmed the
+    write. After a failure
+    it retries sooner, with back-off, so a renewal rides over a short etcd election.
+    """
+
+    def __init__(
+        self,
+        lease: Lease,
+        minter: Minter,
+        *,
+        interval_s: float,
+        fence_after_s: float,
+        window_ms: int,
+        retry_s: float = 0.25,
+        mono_ns: Callable[[], int] = time.monotonic_ns,
+        on_event: Callable[[str, dict], None] | None = None,
+    ) -> None:
+        super().__init__(name=f"keeper-{lease.worker_id}", daemon=True)
+        self.lease = lease
+        self.minter = minter
+        self.interval_s = interval_s
+        self.fence_ns = int(fence_after_s * 1e9)
+        self.window_ms = window_ms
+        self.retry_s = retry_s
+        self._mono_ns = mono_ns
+        self._on_event = on_event or (lambda name, fields: None)
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        #: Set once the store said the lease is gone; the worker must re-claim.
+        self.lost: SnowfenceError | None = None
+        self.last_renewal_ns: int | None = None
+        self.last_renewal_latency_s: float | None = None
+        self.failures = 0
+        self.renewals = 0
+
+    def renew_once(self) -> None:
+        """One renewal and, if due, one extension. Raises what the store raised."""
+        lease, minter = self.lease, self.minter
+        sent = self._mono_ns()
+        lease.refresh()
+        self.last_renewal_latency_s = (self._mono_ns() - sent) / 1e9
+        self.last_renewal_ns = sent
+        minter.fence_deadline_ns = sent + self.fence_ns if lease.expires else NEVER_NS
+        now_ms = minter.now_ms()
+        wanted = min(now_ms + self.window_ms, minter.layout.max_ms)
+        if wanted > lease.reserved_until_ms:
+            lease.extend(wanted)
+        minter.reserved_until_ms = lease.reserved_until_ms
+        self.renewals += 1
+
+    def run(self) -> None:
+        backoff = self.retry_s
+        while not self._stopping.is_set():
+            try:
+                self.renew_once()
+            except LeaseLost as exc:
+                self.lost = exc
+                self.minter.fence_deadline_ns = -1
+                self._on_event("lease_lost", {"worker_id": self.lease.worker_id, "reason": str(exc)})
+                return
+            except SnowfenceError as exc:
+                self.failures += 1
+                self._on_event("renewal_failed", {"worker_id": self.lease.worker_id, "reason": str(exc),
+                                                  "failures": self.failures})
+                self._sleep(backoff)
+                backoff = min(backoff * 2, self.interval_s)
+                continue
+            except Exception as exc:  # a bug must not silently stop renewals: log, retry
+                self.failures += 1
+                log.exception("lease keeper for worker %d failed", self.lease.worker_id)
+                self._on_event("renewal_failed", {"worker_id": self.lease.worker_id, "reason": repr(exc),
+                                                  "failures": self.failures})
+                self._sleep(backoff)
+                backoff = min(backoff * 2, self.interval_s)
+                continue
+            if self.failures:
+                self._on_event("renewed", {"worker_id": self.lease.worker_id, "after_failures": self.failures})
+                self.failures = 0
+            backoff = self.retry_s
+            self._sleep(self.interval_s)
+
+    def _sleep(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def wake(self) -> None:
+        """Renew and extend now rather than at the next interval."""
+        self._wake.set()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self.is_alive():
+            self.join(timeout_s)

@@ -1,0 +1,449 @@
+"""The worker process: claim worker IDs, keep them, mint on request, release on exit.
+
+A worker is started by the supervisor with a JSON spec on stdin. It connects a
+DEALER socket to the broker's backend and runs one poll loop:
+
+* WORK frames are answered at once from a minter (round robin over the worker
+  IDs this process holds that are ready);
+* a STATE frame goes to the broker every heartbeat and on every state change, so
+  the broker knows whether to route to this worker;
+* timers move each held worker ID through its states::
+
+      claiming -> waiting -> ready <-> fenced | clock_unsafe
+                      ^                  |
+                      +---- lease lost --+
+
+The loop never blocks longer than a heartbeat except inside one etcd call
+(bounded by its deadline) while claiming. It exits when the broker says STOP,
+on SIGTERM/SIGINT, or when it finds itself orphaned; in every case it releases
+what it holds first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import random
+import signal
+import socket
+import sys
+import time
+
+import orjson
+import zmq
+
+from .. import protocol
+from ..config import Config
+from ..errors import (
+    BadRequest, ClockUnsafe, ConfigError, Fenced, Refused, ReservationExpired, SnowfenceError, StateDirError,
+    Unavailable,
+)
+from ..logs import event, setup as setup_logs
+from .exits import Exit
+from .lease import Keeper, Lease, PreferenceFile, Store
+from .minter import Minter
+
+log = logging.getLogger("snowfence.worker")
+
+#: Messages handled per wake-up before timers get a look in.
+DRAIN_BATCH = 256
+#: Longest poll wait, so state changes (fence, clock) are noticed promptly.
+TICK_S = 0.05
+CLAIM_BACKOFF_MIN_S = 0.25
+CLAIM_BACKOFF_MAX_S = 10.0
+
+
+def open_store(config: Config) -> Store:
+    """The lease store the configuration names."""
+    if config.embedded:
+        from .embedded import FileStore
+
+        return FileStore(config.state_dir, config.layout, config.region)
+    from .etcd import EtcdStore
+
+    return EtcdStore(config)
+
+
+class Held:
+    """One worker ID this process holds: its lease, keeper, minter and state."""
+
+    __slots__ = ("lease", "keeper", "minter", "state", "since_ns")
+
+    def __init__(self, lease: Lease, keeper: Keeper, minter: Minter) -> None:
+        self.lease = lease
+        self.keeper = keeper
+        self.minter = minter
+        self.state = "waiting"
+        self.since_ns = time.monotonic_ns()
+
+    def describe(self, mono_ns: int) -> dict:
+        deadline = self.minter.fence_deadline_ns
+        return {
+            **self.lease.describe(),
+            "state": self.state,
+            "last_ms": self.minter.last_ms,
+            "reserved_until_ms": self.minter.reserved_until_ms,
+            "reservation_headroom_ms": self.minter.reserved_until_ms - self.minter.now_ms(),
+            "fence_in_s": None if not self.lease.expires else round((deadline - mono_ns) / 1e9, 3),
+            "lease_remaining_s": self.lease.remaining_s(),
+            "renewal_failures": self.keeper.failures,
+            "last_renewal_latency_s": self.keeper.last_renewal_latency_s,
+        }
+
+
+class Worker:
+    """One worker process. ``run()`` returns its exit status."""
+
+    def __init__(self, config: Config, slot: int, backend: str, broker_pid: int, ids: int = 1) -> None:
+        self.config = config
+        self.slot = slot
+        self.backend = backend
+        self.broker_pid = broker_pid
+        self.ids_wanted = ids
+        self.layout = config.layout
+        self.pid = os.getpid()
+        self.holder = f"{socket.gethostname()}:{self.pid}:slot{slot}"
+        self.held: list[Held] = []
+        self.ready: list[Held] = []
+        self._rr = 0
+        self.store: Store | None = None
+        self.stopping = False
+        self.reason = "starting"
+        self._signals: list[int] = []
+        self._next_claim_ns = 0
+        self._claim_backoff_s = CLAIM_BACKOFF_MIN_S
+        self._state_dirty = True
+        self._next_heartbeat_ns = 0
+        self._broker_seen_ns = time.monotonic_ns()
+        self.counters = {"requests": 0, "ids": 0, "refused": {}, "bad_request": 0}
+        namespace = f"embedded-r{config.region}" if config.embedded else f"etcd-{config.cluster}-r{config.region}"
+        self.preferences = [PreferenceFile(config.state_dir, namespace, slot * 64 + i) for i in range(ids)]
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, f"w{slot}-{self.pid}".encode())
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: self._signals.append(signum))
+        self.sock.connect(self.backend)
+        try:
+            self.store = open_store(self.config)
+            self.store.check_layout(self.layout)
+        except StateDirError as exc:
+            event(log, "boot_failed", str(exc), level=logging.ERROR)
+            return Exit.CANTCREAT
+        except ConfigError as exc:
+            event(log, "boot_failed", str(exc), level=logging.ERROR)
+            return Exit.CONFIG
+        self.reason = "claiming a worker ID"
+        try:
+            self.loop()
+        finally:
+            self.release_all()
+            self._send_state()
+            self.sock.close()
+            if self.store is not None:
+                self.store.close()
+        return Exit.OK
+
+    def loop(self) -> None:
+        sock = self.sock
+        poll_ms = int(TICK_S * 1000)
+        while not self.stopping:
+            if sock.poll(poll_ms, zmq.POLLIN):
+                for _ in range(DRAIN_BATCH):
+                    try:
+                        frame = sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self.handle(frame)
+                    if self.stopping:
+                        break
+            self.tick()
+        self.drain()
+
+    def drain(self) -> None:
+        """Answer what the broker already queued here, then stop (bounded in time)."""
+        deadline = time.monotonic() + min(1.0, self.config.shutdown_timeout_s / 2)
+        while time.monotonic() < deadline:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                if not self.sock.poll(20, zmq.POLLIN):
+                    break
+                continue
+            self.handle(frame)
+
+    def handle(self, frame: bytes) -> None:
+        self._broker_seen_ns = time.monotonic_ns()
+        if not frame:
+            return
+        kind = frame[0]
+        if kind == protocol.WORK:
+            self.work(frame)
+        elif kind == protocol.STOP:
+            if not self.stopping:
+                event(log, "stopping", "broker asked to stop; draining")
+            self.stopping = True
+        # PING only proves the broker is alive; unknown kinds are ignored.
+
+    # -- minting ----------------------------------------------------------------------
+
+    def work(self, frame: bytes) -> None:
+        meta, addr, body = protocol.split_routed(frame)
+        try:
+            request = protocol.decode_request(body)
+            if request.type != protocol.RESERVE:
+                raise BadRequest("only RESERVE requests reach workers")
+        except BadRequest as err:
+            self.counters["bad_request"] += 1
+            reply = protocol.encode_error(getattr(err, "request_id", 0), err)
+            self.sock.send(protocol.encode_reply(meta, addr, reply))
+            return
+        error: SnowfenceError | None = None
+        while self.ready:  # every refusal takes a worker ID out of self.ready
+            ready = self.ready
+            self._rr = (self._rr + 1) % len(ready)
+            held = ready[self._rr]
+            try:
+                first, count = held.minter.reserve(request.count)
+            except Refused as err:
+                error = err
+                self.on_refused(held, err)
+                continue
+            counters = self.counters
+            counters["requests"] += 1
+            counters["ids"] += count
+            self.sock.send(protocol.encode_reply(meta, addr, protocol.encode_block(request.request_id, first, count)))
+            return
+        if error is None:
+            error = self.not_ready_error()
+        refused = self.counters["refused"]
+        refused[error.code] = refused.get(error.code, 0) + 1
+        self._send_state()  # leave rotation before the broker retries elsewhere
+        self.sock.send(protocol.encode_refused(meta, addr, body, protocol.encode_error(request.request_id, error)))
+
+    def not_ready_error(self) -> SnowfenceError:
+        states = {h.state for h in self.held}
+        if "fenced" in states:
+            return Fenced("this worker is fenced: its lease renewals are failing")
+        if "clock_unsafe" in states:
+            return ClockUnsafe("this worker's wall clock is behind its last minted millisecond")
+        return Unavailable(f"this worker is not ready: {self.reason}")
+
+    def on_refused(self, held: Held, err: Refused) -> None:
+        if isinstance(err, ReservationExpired):
+            held.keeper.wake()  # a forward clock jump outran the window: extend now
+            self._set_state(held, "reserving", str(err))
+        elif isinstance(err, Fenced):
+            self._set_state(held, "fenced", str(err))
+        elif isinstance(err, ClockUnsafe):
+            self._set_state(held, "clock_unsafe", str(err))
+
+    # -- states -------------------------------------------------------------------------
+
+    def _set_state(self, held: Held, state: str, reason: str = "") -> None:
+        if held.state == state:
+            return
+        old, held.state = held.state, state
+        held.since_ns = time.monotonic_ns()
+        level = logging.WARNING if state in ("fenced", "clock_unsafe") else logging.INFO
+        name = {"fenced": "fenced", "clock_unsafe": "clock_unsafe", "reserving": "reservation_expired"}.get(state)
+        if name is None:
+            name = "rejoined" if state == "ready" and old != "waiting" else f"state_{state}"
+        event(log, name, reason or f"worker ID {held.lease.worker_id}: {old} -> {state}", level=level,
+              worker_id=held.lease.worker_id, old=old, new=state)
+        self.ready = [h for h in self.held if h.state == "ready"]
+        self._state_dirty = True
+
+    def tick(self) -> None:
+        now_ns = time.monotonic_ns()
+        if self._signals:
+            self._signals.clear()
+            if not self.stopping:
+                event(log, "stopping", "signal received; draining")
+            self.stopping = True
+        if os.getppid() != self.broker_pid:
+            event(log, "orphaned", "the broker is gone; releasing and exiting", level=logging.WARNING)
+            self.stopping = True
+        elif now_ns - self._broker_seen_ns > self.config.heartbeat_timeout_s * 1e9:
+            event(log, "orphaned", "no word from the broker; releasing and exiting", level=logging.WARNING)
+            self.stopping = True
+        if self.stopping:
+            return
+        for held in list(self.held):
+            self._advance(held, now_ns)
+        if len(self.held) < self.ids_wanted and now_ns >= self._next_claim_ns:
+            self.claim()
+        if self._state_dirty or now_ns >= self._next_heartbeat_ns:
+            self._send_state()
+
+    def _advance(self, held: Held, now_ns: int) -> None:
+        minter = held.minter
+        if held.keeper.lost is not None:
+            self._drop(held, f"lease lost: {held.keeper.lost}")
+            return
+        fenced = now_ns > minter.fence_deadline_ns
+        state = held.state
+        if state == "waiting":
+            if not fenced and minter.reserved_until_ms > minter.now_ms() and minter.now_ms() > held.lease.claimed_mark_ms:
+                self._set_state(held, "ready", f"worker ID {held.lease.worker_id} is ready")
+            return
+        if fenced:
+            self._set_state(held, "fenced", "no lease renewal succeeded within the fence window")
+        elif minter.clock_unsafe and not minter.clock_recovered():
+            self._set_state(held, "clock_unsafe", "wall clock is behind the last minted millisecond")
+        elif minter.reserved_until_ms < minter.now_ms():
+            self._set_state(held, "reserving", "waiting for the reservation to be extended")
+        elif state != "ready":
+            self._set_state(held, "ready", f"worker ID {held.lease.worker_id} is serving again")
+
+    def _send_state(self) -> None:
+        now_ns = time.monotonic_ns()
+        self._next_heartbeat_ns = now_ns + int(self.config.heartbeat_interval_s * 1e9)
+        self._state_dirty = False
+        self.sock.send(protocol.encode_state(self.describe(now_ns)))
+
+    def describe(self, now_ns: int | None = None) -> dict:
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        if self.stopping:
+            state = "stopping"
+        elif self.ready:
+            state = "ready"
+        elif self.held:
+            state = self.held[0].state
+        else:
+            state = "claiming"
+        return {
+            "slot": self.slot,
+            "pid": self.pid,
+            "state": state,
+            "ready": bool(self.ready) and not self.stopping,
+            "credits": self.config.worker_credits,
+            "reason": self.reason,
+            "held": [h.describe(now_ns) for h in self.held],
+            "counters": self.counters,
+        }
+
+    # -- leases -------------------------------------------------------------------------
+
+    def claim(self) -> None:
+        index = len(self.held)
+        now_ms = time.time_ns() // 1_000_000 - self.layout.epoch_ms
+        window_ms = int(self.config.reservation_window_s * 1000)
+        try:
+            lease = self.store.claim(
+                self.preferences[index].read(), self.holder, now_ms, max_ahead_ms=window_ms + 2000
+            )
+        except SnowfenceError as exc:
+            lease, why = None, str(exc)
+        else:
+            why = f"every worker ID of region {self.config.region} is taken"
+        if lease is None:
+            self.reason = f"cannot claim a worker ID: {why}; retrying in {self._claim_backoff_s:.2f} s"
+            event(log, "claim_failed", self.reason, level=logging.WARNING, region=self.config.region)
+            delay = self._claim_backoff_s * random.uniform(0.8, 1.2)
+            self._next_claim_ns = time.monotonic_ns() + int(delay * 1e9)
+            self._claim_backoff_s = min(self._claim_backoff_s * 2, CLAIM_BACKOFF_MAX_S)
+            self._state_dirty = True
+            return
+        self._claim_backoff_s = CLAIM_BACKOFF_MIN_S
+        minter = Minter(
+            self.layout, self.config.region, lease.worker_id,
+            max_step_back_ms=self.config.max_step_back_ms, on_step_back=self._on_step_back,
+        )
+        minter.start_after(lease.claimed_mark_ms)
+        keeper = Keeper(
+            lease, minter,
+            interval_s=self.config.keepalive_interval_s,
+            fence_after_s=self.config.fence_after_s,
+            window_ms=window_ms,
+            on_event=lambda name, fields: event(log, name, level=logging.WARNING, **fields),
+        )
+        held = Held(lease, keeper, minter)
+        self.held.append(held)
+        self.preferences[index].write(lease.worker_id)
+        ahead_ms = lease.claimed_mark_ms - now_ms
+        self.reason = f"holding worker ID {lease.worker_id}"
+        event(log, "claimed", f"claimed worker ID {lease.worker_id} (token {lease.token})",
+              worker_id=lease.worker_id, token=lease.token, mark_ahead_ms=max(ahead_ms, 0))
+        if ahead_ms > window_ms + 1000:
+            event(log, "clock_behind_mark",
+                  f"wall clock is {ahead_ms} ms behind the high-water mark of worker ID {lease.worker_id}; "
+                  "waiting for it to pass (was the clock set back?)", level=logging.WARNING,
+                  worker_id=lease.worker_id, behind_ms=ahead_ms)
+        keeper.start()
+        self._state_dirty = True
+
+    def _on_step_back(self, back_ms: int, refused: bool) -> None:
+        if refused:
+            event(log, "clock_step_back", f"wall clock stepped back {back_ms} ms; refusing",
+                  level=logging.ERROR, step_back_ms=back_ms)
+
+    def _drop(self, held: Held, why: str) -> None:
+        """Forget a lost lease: no release (it is not ours), then claim again."""
+        held.keeper.stop(timeout_s=self.config.etcd_timeout_s * 2)
+        held.lease.abandon()
+        self.held.remove(held)
+        self.ready = [h for h in self.held if h.state == "ready"]
+        self.reason = why
+        event(log, "lease_lost", why, level=logging.WARNING, worker_id=held.lease.worker_id)
+        self._next_claim_ns = time.monotonic_ns() + int(CLAIM_BACKOFF_MIN_S * 1e9)
+        self._state_dirty = True
+
+    def release_all(self) -> None:
+        """Stop keepers, lower marks to the last millisecond used, free worker IDs."""
+        for held in self.held:
+            held.keeper.stop(timeout_s=self.config.etcd_timeout_s * 2)
+        for held in self.held:
+            try:
+                if held.keeper.lost is None:
+                    held.lease.release(held.minter.last_ms)
+                    event(log, "released", f"released worker ID {held.lease.worker_id}",
+                          worker_id=held.lease.worker_id, mark_ms=held.lease.reserved_until_ms)
+                else:
+                    held.lease.abandon()
+            except SnowfenceError as exc:
+                event(log, "release_failed", f"could not release worker ID {held.lease.worker_id}: {exc}",
+                      level=logging.WARNING, worker_id=held.lease.worker_id)
+                held.lease.abandon()
+        self.held = []
+        self.ready = []
+
+
+def _prctl(option: int, arg: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(option, arg, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+PR_SET_PDEATHSIG = 1
+PR_SET_TIMERSLACK = 29
+
+
+def main() -> int:
+    spec = orjson.loads(sys.stdin.buffer.read())
+    config = Config(**spec["config"])
+    setup_logs(config.log_level, config.log_format, role=f"worker{spec['slot']}")
+    # Die with the broker even if it is SIGKILLed; sleep to a millisecond boundary
+    # with microsecond rather than the default 50 us timer slack.
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _prctl(PR_SET_TIMERSLACK, 1)
+    worker = Worker(config, spec["slot"], spec["backend"], spec["broker_pid"], spec.get("ids", 1))
+    try:
+        return worker.run()
+    except Exception:
+        log.exception("worker crashed")
+        return Exit.CRASHED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
