@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..errors import LeaseLost, SnowfenceError
+from ..errors import LeaseLost, SnowfenceError, StateDirError
 from ..ids import Layout
 from ..logs import event
 from .minter import NEVER_NS, Minter
@@ -120,7 +120,11 @@ class Store:
         passes = [now_ms + max_ahead_ms, None] if self.skips_far_marks else [None]
         for limit in passes:
             for worker_id in order:
-                lease = self.try_claim(worker_id, holder, limit)
+                try:
+                    lease = self.try_claim(worker_id, holder, limit)
+                except StateDirError as exc:
+                    log.warning("passing over worker ID %d: %s", worker_id, exc)
+                    continue
                 if lease is not None:
                     return lease
         return None

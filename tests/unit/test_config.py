@@ -1,0 +1,89 @@
+"""Config: defaults < TOML file < environment < flags, and validation by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from snowfence import config as cfg
+from snowfence.cli import build_parser
+from snowfence.errors import ConfigError
+
+
+def test_defaults_are_the_contract():
+    c = cfg.load(env={})
+    assert c.bind == "tcp://127.0.0.1:5555"
+    assert c.region == 0 and c.workers == 0 and c.worker_count >= 1
+    assert c.embedded and c.etcd == ()
+    assert (c.lease_ttl_s, c.keepalive_interval_s, c.fence_after_s, c.max_step_back_ms) == (10, 2.0, 5.0, 10)
+
+
+def test_precedence_defaults_file_env_flags(tmp_path):
+    toml = tmp_path / "node.toml"
+    toml.write_text('region = 1\nworkers = 3\nbind = "tcp://127.0.0.1:6000"\netcd = ["http://127.0.0.1:2379"]\n')
+    env = {"SNOWFENCE_REGION": "2", "SNOWFENCE_WORKERS": "4"}
+    c = cfg.load(flags={"region": "3"}, env=env, config_file=toml)
+    assert c.region == 3          # flag beats env
+    assert c.workers == 4         # env beats file
+    assert c.bind == "tcp://127.0.0.1:6000"  # file beats default
+    assert c.etcd == ("http://127.0.0.1:2379",)
+
+
+def test_config_file_from_the_environment_and_a_snowfence_table(tmp_path):
+    toml = tmp_path / "node.toml"
+    toml.write_text('[snowfence]\nregion = 4\n')
+    assert cfg.load(env={"SNOWFENCE_CONFIG": str(toml)}).region == 4
+
+
+def test_env_list_is_comma_separated():
+    c = cfg.load(env={"SNOWFENCE_ETCD": "http://a:1, http://b:2"})
+    assert c.etcd == ("http://a:1", "http://b:2")
+
+
+@pytest.mark.parametrize("flags, words", [
+    ({"region": "8"}, "region must be 0..7"),
+    ({"workers": "-1"}, "workers"),
+    ({"workers": "abc"}, "not a valid int"),
+    ({"sequence_bits": "13"}, "sum to 63"),
+    ({"fence_after_s": "12"}, "fence_after_s < lease_ttl_s"),
+    ({"keepalive_interval_s": "6"}, "keepalive_interval_s < fence_after_s"),
+    ({"reservation_window_s": "1"}, "reservation_window_s"),
+    ({"etcd": "localhost:2379"}, "http://host:port"),
+    ({"etcd_user": "u"}, "go together"),
+    ({"log_format": "xml"}, "log_format"),
+    ({"cluster": "a/b"}, "cluster"),
+    ({"epoch": "soon"}, "ISO-8601"),
+])
+def test_invalid_settings_name_the_setting(flags, words):
+    with pytest.raises(ConfigError) as info:
+        cfg.load(flags=flags, env={})
+    assert words in str(info.value)
+
+
+def test_unknown_keys_in_the_file_are_refused(tmp_path):
+    toml = tmp_path / "node.toml"
+    toml.write_text("regoin = 1\n")
+    with pytest.raises(ConfigError, match="regoin"):
+        cfg.load(env={}, config_file=toml)
+
+
+def test_unreadable_or_invalid_files_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError):
+        cfg.load(env={}, config_file=tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("region = = 1")
+    with pytest.raises(ConfigError):
+        cfg.load(env={}, config_file=bad)
+
+
+def test_every_field_has_a_serve_flag_and_an_env_var():
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = {opt for action in serve._actions for opt in action.option_strings}
+    for name, field in cfg.FIELDS.items():
+        assert cfg.flag_name(name) in flags
+        assert field.metadata["help"]
+        assert cfg.env_name(name) == "SNOWFENCE_" + name.upper()
+
+
+def test_secrets_are_masked_in_public_view():
+    c = cfg.load(flags={"etcd_user": "u", "etcd_password": "hunter2"}, env={})
+    assert c.public()["etcd_password"] == "***"

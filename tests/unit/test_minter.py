@@ -1,0 +1,367 @@
+"""The minter under a fake clock: every rule of the design, and properties over
+arbitrary clock sequences."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fakeclock import FakeClock
+from snowfence.errors import BadRequest, ClockUnsafe, Fenced, ReservationExpired
+from snowfence.ids import DEFAULT_LAYOUT, Layout
+from snowfence.workers.minter import NEVER_NS, Minter
+
+LAYOUT = DEFAULT_LAYOUT
+REGION, WORKER = 5, 77
+
+
+def make(clock: FakeClock, *, layout: Layout = LAYOUT, fenced: bool = False, reserve_ms: int = 60_000, **kw) -> Minter:
+    m = Minter(layout, REGION, WORKER, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep, **kw)
+    m.fence_deadline_ns = -1 if fenced else clock.mono_ns() + 5_000_000_000
+    m.reserved_until_ms = m.now_ms() + reserve_ms
+    return m
+
+
+def ms_of(id_: int) -> int:
+    return LAYOUT.decompose(id_).unix_ms - LAYOUT.epoch_ms
+
+
+def state(m: Minter) -> tuple[int, int, bool]:
+    return m.last_ms, m.seq, m.clock_unsafe
+
+
+# -- the happy path --------------------------------------------------------------------
+
+
+def test_block_is_a_contiguous_range_within_one_millisecond_of_this_worker():
+    clock = FakeClock()
+    m = make(clock)
+    first, count = m.reserve(100)
+    assert count == 100
+    d_first, d_last = LAYOUT.decompose(first), LAYOUT.decompose(first + count - 1)
+    assert (d_first.region, d_first.worker, d_first.sequence) == (REGION, WORKER, 0)
+    assert (d_last.region, d_last.worker, d_last.sequence) == (REGION, WORKER, 99)
+    assert d_first.unix_ms == d_last.unix_ms == clock.wall_ms
+
+
+def test_same_millisecond_continues_the_sequence_and_a_new_one_restarts_it():
+    clock = FakeClock()
+    m = make(clock)
+    a, _ = m.reserve(10)
+    b, _ = m.reserve(5)
+    assert b == a + 10
+    clock.advance_ms(1)
+    c, _ = m.reserve(1)
+    assert LAYOUT.decompose(c).sequence == 0 and ms_of(c) == ms_of(a) + 1
+
+
+def test_a_block_never_crosses_a_millisecond():
+    clock = FakeClock()
+    m = make(clock)
+    m.reserve(4000)
+    first, count = m.reserve(4096)
+    assert count == 96  # what is left of this millisecond; the client asks again
+    assert LAYOUT.decompose(first).sequence == 4000
+    assert ms_of(first) == ms_of(first + count - 1)
+
+
+def test_used_up_millisecond_waits_for_the_next():
+    clock = FakeClock()
+    m = make(clock)
+    a, _ = m.reserve(4096)
+    b, count = m.reserve(4096)
+    assert count == 4096
+    assert ms_of(b) == ms_of(a) + 1
+    assert 0 < clock.slept_s <= 0.0011
+    assert m.waits["sequence"] == 1
+
+
+def test_smaller_sequence_space_grants_at_most_one_millisecond():
+    layout = Layout(time_bits=41, region_bits=3, worker_bits=9, sequence_bits=10)
+    clock = FakeClock()
+    m = make(clock, layout=layout)
+    first, count = m.reserve(4096)
+    assert count == 1024
+
+
+@pytest.mark.parametrize("n", [0, -1, 4097, 10**9])
+def test_absurd_counts_are_bad_requests_and_change_nothing(n):
+    clock = FakeClock()
+    m = make(clock)
+    m.reserve(1)
+    before = state(m)
+    with pytest.raises(BadRequest):
+        m.reserve(n)
+    assert state(m) == before
+
+
+# -- guard 1: the fence ------------------------------------------------------------------
+
+
+def test_fenced_when_the_last_renewal_was_sent_too_long_ago():
+    clock = FakeClock()
+    m = make(clock)
+    m.reserve(1)
+    before = state(m)
+    clock.pause_s(5.001)
+    with pytest.raises(Fenced) as info:
+        m.reserve(1)
+    assert info.value.code == "fenced" and info.value.retriable
+    assert state(m) == before
+
+
+def test_fence_is_monotonic_a_wall_clock_step_does_not_move_it():
+    clock = FakeClock()
+    m = make(clock, reserve_ms=10**9)
+    clock.step_ms(-60_000_000)  # a huge wall step back changes nothing about the fence...
+    clock.step_ms(+60_000_000)
+    m.reserve(1)  # ...so this is still inside the fence window
+    clock.step_ms(+3_600_000)  # nor does a wall step forward trip it
+    m.reserve(1)
+
+
+def test_embedded_minter_is_never_fenced():
+    clock = FakeClock()
+    m = make(clock, reserve_ms=10**9)
+    m.fence_deadline_ns = NEVER_NS
+    clock.pause_s(10**6)
+    m.reserve(1)
+
+
+def test_fence_checked_again_after_waiting():
+    clock = FakeClock()
+    m = make(clock)
+    m.reserve(4096)
+    m.fence_deadline_ns = clock.mono_ns() + 100_000  # passes during the wait for the next ms
+    before = state(m)
+    with pytest.raises(Fenced):
+        m.reserve(1)
+    assert state(m) == before
+
+
+# -- guard 2: the clock going back ---------------------------------------------------------
+
+
+def test_small_step_back_is_waited_out():
+    clock = FakeClock()
+    m = make(clock)
+    a, _ = m.reserve(1)
+    clock.step_ms(-10)
+    b, _ = m.reserve(1)
+    assert b > a
+    assert ms_of(b) >= ms_of(a)
+    assert 0.009 <= clock.slept_s <= 0.0111
+    assert m.waits["step_back"] == 1
+    assert not m.clock_unsafe
+
+
+def test_large_step_back_refuses_marks_unsafe_and_changes_nothing():
+    clock = FakeClock()
+    seen = []
+    m = make(clock, on_step_back=lambda back, refused: seen.append((back, refused)))
+    m.reserve(1)
+    before_ms, before_seq, _ = state(m)
+    clock.step_ms(-40)
+    with pytest.raises(ClockUnsafe) as info:
+        m.reserve(1)
+    assert info.value.code == "clock_unsafe" and info.value.retriable
+    assert (m.last_ms, m.seq) == (before_ms, before_seq)
+    assert m.clock_unsafe and seen == [(40, True)]
+    assert clock.slept_s == 0  # refused at once, no waiting
+    # Still behind: not recovered, still refused.
+    clock.advance_ms(20)
+    assert not m.clock_recovered()
+    with pytest.raises(ClockUnsafe):
+        m.reserve(1)
+    # Once the wall clock has passed last_ms again, the minter rejoins by itself.
+    clock.advance_ms(21)
+    assert m.clock_recovered() and not m.clock_unsafe
+    first, _ = m.reserve(1)
+    assert ms_of(first) > before_ms
+
+
+def test_step_back_threshold_is_configurable():
+    clock = FakeClock()
+    m = make(clock, max_step_back_ms=50)
+    m.reserve(1)
+    clock.step_ms(-40)
+    m.reserve(1)  # waited out under a 50 ms limit
+    assert m.waits["step_back"] == 1
+
+
+def test_clock_stepping_back_further_while_waiting_refuses():
+    clock = FakeClock()
+    m = make(clock)
+    m.reserve(1)
+    before = state(m)[:2]
+    clock.step_ms(-5)
+    clock.on_sleep = lambda c: (c.step_ms(-50), setattr(c, "on_sleep", None))
+    with pytest.raises(ClockUnsafe):
+        m.reserve(1)
+    assert state(m)[:2] == before
+
+
+def test_a_clock_that_does_not_advance_gives_up_within_a_bound():
+    clock = FakeClock()
+    m = make(clock)
+    m.reserve(4096)
+    m.fence_deadline_ns = NEVER_NS
+
+    def sleep_with_frozen_wall_clock(seconds):
+        clock.mono_ns_value += max(int(seconds * 1e9), 1)
+
+    m._sleep = sleep_with_frozen_wall_clock
+    before = state(m)
+    start = clock.mono_ns()
+    with pytest.raises(ClockUnsafe):
+        m.reserve(1)
+    assert state(m)[:2] == before[:2]
+    assert 1.0 <= (clock.mono_ns() - start) / 1e9 < 1.1
+
+
+def test_wall_clock_before_the_epoch_refuses():
+    clock = FakeClock(wall_ms=LAYOUT.epoch_ms - 1000)
+    m = make(clock)
+    with pytest.raises(ClockUnsafe):
+        m.reserve(1)
+
+
+# -- guard 4: the reservation --------------------------------------------------------------
+
+
+def test_refuses_past_the_persisted_reservation_and_changes_nothing():
+    clock = FakeClock()
+    m = make(clock, reserve_ms=5)
+    m.reserve(1)
+    before = state(m)
+    clock.advance_ms(6)
+    with pytest.raises(ReservationExpired) as info:
+        m.reserve(1)
+    assert info.value.code == "reservation_expired" and info.value.retriable
+    assert state(m) == before
+    m.reserved_until_ms += 10  # the keeper persisted more
+    m.reserve(1)
+
+
+def test_reservation_checked_after_waiting_for_the_next_millisecond():
+    clock = FakeClock()
+    m = make(clock, reserve_ms=0)  # may use only the current millisecond
+    m.reserve(4096)
+    before = state(m)
+    with pytest.raises(ReservationExpired):
+        m.reserve(1)  # would need the next millisecond, which is not reserved
+    assert state(m) == before
+
+
+def test_nothing_is_reserved_until_the_keeper_says_so():
+    clock = FakeClock()
+    m = Minter(LAYOUT, REGION, WORKER, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    m.fence_deadline_ns = NEVER_NS
+    with pytest.raises(ReservationExpired):
+        m.reserve(1)
+
+
+# -- a new owner and the previous owner's mark -------------------------------------------
+
+
+def test_new_owner_never_mints_at_or_below_the_mark():
+    clock = FakeClock()
+    m = make(clock)
+    mark = m.now_ms() + 3
+    m.start_after(mark)
+    clock.advance_ms(3)  # now == mark: that millisecond belongs to the old owner
+    first, _ = m.reserve(1)
+    assert ms_of(first) == mark + 1
+
+
+def test_start_after_never_lowers():
+    clock = FakeClock()
+    m = make(clock)
+    m.reserve(1)
+    last = m.last_ms
+    m.start_after(last - 100)
+    assert m.last_ms == last
+
+
+# -- properties over arbitrary clock sequences -------------------------------------------------
+
+steps = st.one_of(
+    st.tuples(st.just("advance"), st.integers(0, 3)),
+    st.tuples(st.just("step"), st.integers(-60, 60)),          # small and large steps back, jumps forward
+    st.tuples(st.just("jump"), st.integers(1_000, 20_000)),    # big forward jumps
+    st.tuples(st.just("pause"), st.integers(0, 7_000)),        # process paused (ms)
+    st.tuples(st.just("renew"), st.just(0)),
+    st.tuples(st.just("extend"), st.integers(0, 6_000)),
+    st.tuples(st.just("reserve"), st.integers(1, 4096)),
+    st.tuples(st.just("reserve"), st.sampled_from([1, 4096])),
+    st.tuples(st.just("stall"), st.just(0)),
+    st.tuples(st.just("step_while_waiting"), st.integers(-30, 30)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(steps, min_size=1, max_size=120), st.integers(0, 40))
+def test_invariants_hold_for_any_clock_sequence(ops, max_step_back_ms):
+    clock = FakeClock()
+    m = Minter(LAYOUT, REGION, WORKER, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep,
+               max_step_back_ms=max_step_back_ms)
+    m.fence_deadline_ns = clock.mono_ns() + 5_000_000_000
+    m.reserved_until_ms = m.now_ms() + 5_000
+    last_id = -1
+    issued = 0
+    for op, arg in ops:
+        if op == "advance":
+            clock.advance_ms(arg)
+        elif op == "step":
+            clock.step_ms(arg)
+        elif op == "jump":
+            clock.step_ms(arg)
+        elif op == "pause":
+            clock.advance_ms(arg)
+        elif op == "renew":
+            m.fence_deadline_ns = clock.mono_ns() + 5_000_000_000
+        elif op == "extend":
+            m.reserved_until_ms = max(m.reserved_until_ms, m.now_ms() + arg)
+        elif op == "step_while_waiting":
+            clock.on_sleep = lambda c, d=arg: (c.step_ms(d), setattr(c, "on_sleep", None))
+        elif op in ("reserve", "stall"):
+            n = arg if op == "reserve" else 1
+            before = (m.last_ms, m.seq)
+            mono_at_call = clock.mono_ns()
+            fenced_at_call = mono_at_call > m.fence_deadline_ns
+            behind_at_call = m.last_ms - m.now_ms()
+            reserved = m.reserved_until_ms
+            try:
+                first, count = m.reserve(n)
+            except Fenced:
+                assert (m.last_ms, m.seq) == before
+                assert fenced_at_call or clock.mono_ns() > m.fence_deadline_ns
+                continue
+            except ClockUnsafe:
+                assert (m.last_ms, m.seq) == before
+                assert not fenced_at_call
+                continue
+            except ReservationExpired:
+                assert (m.last_ms, m.seq) == before
+                assert not fenced_at_call and behind_at_call <= max_step_back_ms
+                continue
+            finally:
+                clock.on_sleep = None
+            # Refuse rather than risk: a success means every guard held.
+            assert not fenced_at_call
+            assert behind_at_call <= max_step_back_ms
+            assert 1 <= count <= n
+            d, e = LAYOUT.decompose(first), LAYOUT.decompose(first + count - 1)
+            assert (d.region, d.worker, e.region, e.worker) == (REGION, WORKER, REGION, WORKER)
+            assert d.unix_ms == e.unix_ms, "a block crossed a millisecond"
+            ms = d.unix_ms - LAYOUT.epoch_ms
+            assert ms <= reserved, "minted past the reservation"
+            assert ms <= m.now_ms(), "minted a millisecond the clock has not reached"
+            assert first > last_id, "IDs of one worker must strictly increase"
+            assert 0 < first < 2**63
+            last_id = first + count - 1
+            issued += count
+    # uniqueness follows from strict increase; state is consistent with the last ID
+    if last_id >= 0:
+        assert LAYOUT.decompose(last_id).sequence == m.seq
