@@ -22,7 +22,7 @@ Integers are big-endian. Every body starts with the same 12-byte header::
     ERROR        0xFF  header + UTF-8 JSON {"code", "message", "retriable"}
 
 A reply echoes the request's ``request_id``; 0 means the request could not be
-read far enough to know it.
+read far enough to know it (too short, or another protocol version).
 
 Broker <-> worker (internal; both ends ship together)
 ------------------------------------------------------
@@ -164,10 +164,10 @@ def decode_request(body: bytes) -> Request:
     if size == 0:
         raise _with_id(BadRequest("empty request frame"), body)
     if body[0] != VERSION:
-        raise _with_id(
-            UnsupportedVersion(f"protocol version {body[0]} is not supported; this server speaks {VERSION}"),
-            body,
-        )
+        # Another version's header need not have the request id where ours does.
+        err = UnsupportedVersion(f"protocol version {body[0]} is not supported; this server speaks {VERSION}")
+        err.request_id = 0
+        raise err
     if size < HEADER_SIZE:
         raise _with_id(BadRequest(f"request of {size} bytes is shorter than the {HEADER_SIZE}-byte header"), body)
     _, type_, flags, request_id = HEADER.unpack_from(body)

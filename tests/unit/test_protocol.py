@@ -50,7 +50,7 @@ def test_unknown_error_code_keeps_code_and_flag():
     (b"", BadRequest, 0),
     (b"\x01", BadRequest, 0),
     (b"garbage!", UnsupportedVersion, 0),
-    (b"\x02" + p.encode_reserve(5, 1)[1:], UnsupportedVersion, 5),
+    (b"\x02" + p.encode_reserve(5, 1)[1:], UnsupportedVersion, 0),
     (p.encode_reserve(5, 1)[:-1], BadRequest, 5),
     (p.encode_reserve(5, 1) + b"x", BadRequest, 5),
     (struct.pack("!BBHQI", 1, 1, 0, 6, 0), BadRequest, 6),           # count 0

@@ -93,7 +93,7 @@ class FileStore(Store):
         self.dir = self.root / "regions" / str(region)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            probe = self.dir / ".writable"
+            probe = self.dir / f".writable.{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:

@@ -1,0 +1,53 @@
+"""Checks over IDs collected by clients: the invariants of the design."""
+
+from __future__ import annotations
+
+import array
+from collections import defaultdict
+
+from snowfence.ids import DEFAULT_LAYOUT, Layout
+
+
+def read_pairs(path) -> list[tuple[int, int]]:
+    data = array.array("q")
+    with open(path, "rb") as f:
+        data.frombytes(f.read())
+    return list(zip(data[0::2], data[1::2]))
+
+
+def check_blocks(per_client: list[list[tuple[int, int]]], layout: Layout = DEFAULT_LAYOUT) -> dict:
+    """Every ID unique; every block within one millisecond of one worker ID;
+    within each client, the blocks of one worker ID strictly increase.
+
+    Returns figures: ids, blocks, worker IDs seen.
+    """
+    shift = layout.worker_shift
+    wmask = (layout.max_region << layout.worker_bits | layout.max_worker) << shift
+    intervals = []
+    workers = set()
+    for pairs in per_client:
+        last_by_worker: dict[int, int] = {}
+        for first, count in pairs:
+            assert count >= 1
+            last = first + count - 1
+            a, b = layout.decompose(first), layout.decompose(last)
+            assert (a.unix_ms, a.region, a.worker) == (b.unix_ms, b.region, b.worker), \
+                f"block {first}+{count} crosses a millisecond or a worker"
+            key = first & wmask
+            workers.add(key >> shift)
+            prev = last_by_worker.get(key)
+            assert prev is None or first > prev, \
+                f"worker {a.worker}: block {first} does not follow {prev} (per-worker order broken)"
+            last_by_worker[key] = last
+            intervals.append((first, last))
+    intervals.sort()
+    for (f1, l1), (f2, l2) in zip(intervals, intervals[1:]):
+        assert f2 > l1, f"IDs issued twice: blocks [{f1}, {l1}] and [{f2}, {l2}] overlap"
+    return {"ids": sum(l - f + 1 for f, l in intervals), "blocks": len(intervals), "workers": len(workers)}
+
+
+def by_worker(pairs: list[tuple[int, int]], layout: Layout = DEFAULT_LAYOUT) -> dict[int, list[tuple[int, int]]]:
+    out = defaultdict(list)
+    for first, count in pairs:
+        out[layout.decompose(first).worker].append((first, count))
+    return out

@@ -1,0 +1,437 @@
+"""The single-node service end to end: real `snowfence serve` processes, real
+ZeroMQ sockets, real file locks."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import orjson
+import pytest
+import zmq
+
+from checks import check_blocks, read_pairs
+from conftest import HERE, wait_for
+from snowfence import protocol
+from snowfence.errors import BadRequest, ClockUnsafe, ReservationExpired, SnowfenceError, Timeout, Unavailable
+from snowfence.ids import DEFAULT_LAYOUT
+
+L = DEFAULT_LAYOUT
+
+
+def held_worker_ids(node) -> set[int]:
+    return {w["worker_id"] for w in node.status()["workers"] if w.get("worker_id") is not None}
+
+
+def test_blocks_are_contiguous_within_one_millisecond_and_decode_to_the_serving_worker(nodes):
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    (worker_id,) = held_worker_ids(node)
+    with node.client() as c:
+        for n in (1, 2, 100, 4096, 4097, 12_345):
+            t0 = time.time_ns() // 1_000_000
+            blocks = c.reserve(n)
+            t1 = time.time_ns() // 1_000_000
+            assert sum(len(b) for b in blocks) == n
+            for b in blocks:
+                a, z = L.decompose(b.first), L.decompose(b.last)
+                assert a.unix_ms == z.unix_ms, "a block must lie within one millisecond"
+                assert z.sequence - a.sequence == b.count - 1, "a block is a contiguous range"
+                assert (a.region, a.worker) == (0, worker_id)
+                assert t0 <= a.unix_ms <= t1, "stamped within the time of the request"
+            ids = [i for b in blocks for i in b]
+            assert ids == sorted(set(ids))
+
+
+def test_100k_ids_from_concurrent_client_processes_are_unique_and_increase_per_worker(nodes, tmp_path):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    outs = [tmp_path / f"client{i}.bin" for i in range(4)]
+    procs = [subprocess.Popen([sys.executable, str(HERE / "loadgen.py"), node.endpoint, "25000", str(out), str(i)],
+                              stdout=subprocess.PIPE, text=True) for i, out in enumerate(outs)]
+    for p in procs:
+        assert p.wait(60) == 0, p.stdout.read()
+    figures = check_blocks([read_pairs(o) for o in outs])
+    assert figures["ids"] >= 100_000
+    assert figures["workers"] == 2  # both workers served
+
+
+def test_sigkill_of_a_worker_loses_only_its_in_flight_requests_and_never_repeats(nodes, tmp_path):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    outs = [tmp_path / f"c{i}.bin" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(HERE / "loadgen.py"), node.endpoint, "400000", str(o), str(i), "30"],
+                              stdout=subprocess.PIPE, text=True) for i, o in enumerate(outs)]
+    time.sleep(0.7)
+    victim = node.worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    for p in procs:
+        p.wait(60)
+        got, errors = map(int, p.stdout.read().split())
+        assert got >= 400_000, "clients kept being served while a worker was killed and restarted"
+        assert errors == 0, "no request failed beyond what retries absorbed"
+    figures = check_blocks([read_pairs(o) for o in outs])
+    assert figures["ids"] >= 800_000
+    status = node.status()
+    assert victim not in {w["pid"] for w in status["workers"]}
+    assert sum(s["restarts"] for s in status["broker"]["slots"]) == 1
+    node.wait_ready(2)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_restart_on_the_same_state_dir_continues_above_every_earlier_id(nodes, how):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    with node.client() as c:
+        before = [b for _ in range(50) for b in c.reserve(3000)]
+    if how == "sigterm":
+        assert node.stop() == 0
+    else:
+        node.kill()  # no release: the marks stay ahead and the next owners wait them out
+    again = nodes.start(name="again", workers=2, state_dir=node.state_dir)
+    again.wait_ready(timeout_s=30)
+    with again.client() as c:
+        after = [b for _ in range(50) for b in c.reserve(3000)]
+    assert min(b.first for b in after) > max(b.last for b in before)
+    check_blocks([[(b.first, b.count) for b in before + after]])
+
+
+def test_clean_shutdown_exits_0_within_5_s_releases_locks_and_lowers_marks(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    with node.client() as c:
+        blocks = c.reserve(20_000)
+    held = held_worker_ids(node)
+    t0 = time.monotonic()
+    assert node.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - t0 < 5
+    wait_for(lambda: not node.group_alive(), 5, what="workers to exit")
+    last_ms = max(L.ms_of(b.last) for b in blocks)
+    region_dir = node.state_dir / "regions" / "0"
+    for w in held:
+        mark = orjson.loads((region_dir / f"worker-{w}.mark").read_bytes())["reserved_until_ms"]
+        assert mark <= last_ms, "the mark was lowered to the last millisecond used"
+        with open(region_dir / f"worker-{w}.lock", "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: the lock was released
+    assert "released worker ID" in node.log()
+
+
+def test_sigint_stops_cleanly_too(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    assert node.stop(signal.SIGINT) == 0
+    wait_for(lambda: not node.group_alive(), 5, what="workers to exit")
+
+
+def test_workers_exit_and_release_when_their_broker_dies(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    pids = node.worker_pids()
+    held = held_worker_ids(node)
+    os.kill(node.pid, signal.SIGKILL)
+    node.proc.wait(5)
+
+    def gone():
+        return not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in pids)
+
+    wait_for(gone, 5, what="orphaned workers to exit")
+    region_dir = node.state_dir / "regions" / "0"
+    for w in held:
+        with open(region_dir / f"worker-{w}.lock", "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_boot_error_halts_instead_of_crash_looping(nodes):
+    first = nodes.start(workers=1)
+    first.wait_ready()
+    assert first.stop() == 0
+    # Same state dir, a different layout: every worker would fail the same way.
+    node = nodes.start(name="foreign", workers=2, state_dir=first.state_dir,
+                       args=("--region-bits", "2", "--worker-bits", "8"))
+    assert node.proc.wait(15) == 78
+    log = node.log()
+    assert "will not start" in log and "halting" in log
+    assert log.count("restarted as pid") == 0
+
+
+def test_unusable_state_dir_halts(nodes, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    node = nodes.start(workers=1, state_dir=blocker / "state")
+    assert node.proc.wait(15) == 73
+    assert "not usable" in node.log()
+
+
+def test_crashing_worker_is_restarted_with_growing_backoff(nodes):
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    delays = []
+    for _ in range(3):
+        pid = wait_for(lambda: (node.status()["broker"]["slots"][0]["pid"]), 10, what="a worker process")
+        wait_for(lambda: node.ready_workers(), 10, what="worker ready")
+        os.kill(pid, signal.SIGKILL)
+        slot = wait_for(lambda: (lambda s: s if s["restart_in_s"] is not None or s["pid"] != pid else None)(
+            node.status()["broker"]["slots"][0]), 5, interval_s=0.005, what="the supervisor to notice")
+        delays.append(slot)
+    restarts = [line for line in node.log().splitlines() if "restarting in" in line]
+    got = [float(line.split("restarting in ")[1].split(" s")[0]) for line in restarts]
+    assert got == sorted(got) and got[-1] > got[0], got
+    node.wait_ready()
+
+
+def test_a_silent_worker_leaves_rotation_and_comes_back(nodes):
+    node = nodes.start(workers=2, args=("--heartbeat-timeout-s", "1.5"))
+    node.wait_ready()
+    victim = node.worker_pids()[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        wait_for(lambda: len(node.ready_workers()) == 1, 6, what="the silent worker to leave rotation")
+        with node.client(timeout_s=1.0) as c:
+            assert sum(len(b) for b in c.reserve(50_000)) == 50_000  # the other worker serves
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    node.wait_ready(2)
+
+
+# -- refusals reach the client as typed errors -----------------------------------------------
+
+
+def test_a_large_clock_step_back_reaches_the_client_as_clock_unsafe_and_recovers(nodes, clock):
+    node = nodes.start(workers=1, env=clock.env())
+    node.wait_ready()
+    with node.client(retries=0) as c:
+        c.reserve(10)
+        clock.shift_all(-300)
+        with pytest.raises(ClockUnsafe) as info:
+            c.reserve(10)
+        assert info.value.code == "clock_unsafe" and info.value.retriable
+        wait_for(lambda: not node.ready_workers(), 2, what="the worker to leave rotation")
+        # Once the wall clock passes the last minted millisecond, it rejoins by itself.
+        wait_for(lambda: node.ready_workers(), 5, what="the worker to rejoin")
+        c.reserve(10)
+    assert "event=clock_step_back" in node.log() and "step_back_ms=" in node.log()
+
+
+def test_a_small_clock_step_back_is_waited_out_without_an_error(nodes, clock):
+    node = nodes.start(workers=1, env=clock.env())
+    node.wait_ready()
+    with node.client(retries=0) as c:
+        before = c.reserve(10)
+        clock.shift_all(-8)
+        after = c.reserve(10)
+    assert after[0].first > before[-1].last
+
+
+def test_a_forward_jump_past_the_reservation_reaches_the_client_as_reservation_expired(nodes, clock):
+    node = nodes.start(workers=1, env=clock.env())
+    node.wait_ready()
+    seen = None
+    with node.client(retries=0) as c:
+        for attempt in range(1, 4):  # the keeper could extend between the jump and our request
+            clock.shift_all(attempt * 8_000)
+            try:
+                c.reserve(1)
+            except ReservationExpired as err:
+                seen = err
+                break
+        assert seen is not None and seen.retriable
+        # The keeper extends the reservation and the worker serves again.
+        wait_for(lambda: c.reserve(1), 5, what="service after the keeper extended the reservation")
+
+
+def test_no_ready_worker_is_unavailable_retriable(nodes, clock):
+    # Leave a mark 60 s ahead (as a clock set back while the node was down would).
+    first = nodes.start(workers=1, env=clock.env())
+    first.wait_ready()
+    with first.client() as c:
+        before = c.reserve(5)
+    assert first.stop() == 0
+    clock.shift_all(-60_000)
+    node = nodes.start(name="behind", workers=1, state_dir=first.state_dir, env=clock.env())
+    wait_for(lambda: node.status()["workers"] and node.status()["workers"][0].get("worker_id") is not None, 10,
+             what="the worker to claim")
+    with node.client(retries=0) as c:
+        with pytest.raises(Unavailable) as info:
+            c.reserve(1)
+        assert info.value.retriable
+    assert not node.ready_workers()  # it waits rather than minting below its old IDs
+    assert "clock_behind_mark" in node.log()
+    clock.shift_all(0)
+    node.wait_ready(timeout_s=10)
+    with node.client() as c:
+        after = c.reserve(5)
+    assert after[0].first > before[-1].last
+
+
+def test_restart_after_the_clock_was_set_back_a_little_waits_then_continues_above(nodes, clock):
+    first = nodes.start(workers=2, env=clock.env())
+    first.wait_ready()
+    with first.client() as c:
+        before = [b for _ in range(20) for b in c.reserve(4096)]
+    first.kill()  # unclean: marks stay ~5 s ahead
+    clock.shift_all(-2_000)
+    node = nodes.start(name="again", workers=2, state_dir=first.state_dir, env=clock.env())
+    node.wait_ready(timeout_s=20)
+    with node.client() as c:
+        after = [b for _ in range(20) for b in c.reserve(4096)]
+    assert min(b.first for b in after) > max(b.last for b in before)
+
+
+# -- bad input never hurts -----------------------------------------------------------------------
+
+
+def assert_still_serving(node, pids_before):
+    with node.client(retries=0) as c:
+        assert len(c.reserve(5)) >= 1
+    assert node.proc.poll() is None
+    assert node.worker_pids() == pids_before
+
+
+def error_of(sock) -> tuple[int, str]:
+    reply = protocol.decode_reply(sock.recv())
+    assert reply.type == protocol.ERROR
+    return reply.request_id, reply.error.code
+
+
+def test_malformed_frames_get_typed_errors_and_the_service_keeps_serving(nodes, raw):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    pids = node.worker_pids()
+    s = raw(node.endpoint)
+    cases = [
+        (b"", (0, "bad_request")),
+        (b"hello world, not a frame", (0, "unsupported_version")),
+        (b"\x02" + protocol.encode_reserve(11, 5)[1:], (0, "unsupported_version")),
+        (protocol.HEADER.pack(1, 1, 0, 12) + (0).to_bytes(4, "big"), (12, "bad_request")),        # count 0
+        (protocol.HEADER.pack(1, 1, 0, 13) + (4097).to_bytes(4, "big"), (13, "bad_request")),     # > 4096
+        (protocol.HEADER.pack(1, 1, 0, 14) + (2**32 - 1).to_bytes(4, "big"), (14, "bad_request")),
+        (protocol.HEADER.pack(1, 0x7E, 0, 15), (15, "bad_request")),                              # unknown type
+        (protocol.encode_reserve(16, 5)[:-2], (16, "bad_request")),                               # truncated
+        (b"\x01" * 300, (0x0101010101010101, "frame_too_large")),
+    ]
+    for body, expected in cases:
+        s.send(body)
+        assert error_of(s) == expected, body
+    s.send_multipart([b"a", b"b", b"c"])  # too many frames
+    assert error_of(s) == (0, "bad_request")
+    assert_still_serving(node, pids)
+    # A huge frame is dropped by the transport (the connection is closed), nothing else.
+    big = raw(node.endpoint)
+    big.send(b"\x01" * (1 << 20))
+    time.sleep(0.2)
+    assert_still_serving(node, pids)
+    # Random garbage in bulk.
+    rng = __import__("random").Random(7)
+    for _ in range(2000):
+        s.send(bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40))))
+    got = 0
+    while True:
+        try:
+            s.recv()
+            got += 1
+        except zmq.Again:
+            break
+    assert got == 2000, "every malformed frame got an error reply"
+    assert_still_serving(node, pids)
+
+
+def test_a_req_socket_client_is_served_with_its_delimiter(nodes, raw):
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    s = raw(node.endpoint, zmq.REQ)
+    s.send(protocol.encode_reserve(99, 3))
+    reply = protocol.decode_reply(s.recv())
+    assert (reply.type, reply.request_id, reply.count) == (protocol.BLOCK, 99, 3)
+
+
+def test_absurd_counts_from_the_client_are_refused_before_sending(nodes):
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    with node.client() as c:
+        for n in (0, -1):
+            with pytest.raises(BadRequest):
+                c.reserve(n)
+        assert sum(len(b) for b in c.reserve(1)) == 1
+
+
+def test_client_times_out_on_a_dead_endpoint(tmp_path):
+    from snowfence import Client
+
+    with Client(f"ipc://{tmp_path}/nobody.sock", timeout_s=0.3, retries=1) as c:
+        t0 = time.monotonic()
+        with pytest.raises(Timeout) as info:
+            c.reserve(1)
+        assert info.value.retriable
+        assert time.monotonic() - t0 < 2
+
+
+def test_concurrent_threads_share_one_client(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    results, errors = [], []
+    with node.client() as c:
+        def run():
+            try:
+                for _ in range(20):
+                    results.extend(c.reserve(777))
+            except SnowfenceError as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert not errors
+    check_blocks([[(b.first, b.count) for b in results]])
+    assert sum(len(b) for b in results) == 4 * 20 * 777
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def run_cli(*args, check=True) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "snowfence", *args], capture_output=True, text=True, timeout=30)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def test_cli_reserve_decode_status(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    ids = [int(x) for x in run_cli("reserve", "5", "--connect", node.endpoint).stdout.split()]
+    assert len(ids) == 5 and len(set(ids)) == 5
+    as_json = orjson.loads(run_cli("reserve", "3", "--connect", node.endpoint, "--json").stdout)
+    assert len(as_json) == 3 and all(isinstance(x, str) for x in as_json)
+    decoded = [orjson.loads(line) for line in run_cli("decode", *map(str, ids[:2]), "--json").stdout.splitlines()]
+    assert [d["id"] for d in decoded] == [str(i) for i in ids[:2]]
+    for d in decoded:
+        assert set(d) == {"id", "unix_ms", "time", "region", "worker", "sequence"}
+        assert d["time"].endswith("Z") and d["region"] == 0
+    status = orjson.loads(run_cli("status", "--connect", node.endpoint, "--json").stdout)
+    assert len(status["workers"]) == 2
+    for w in status["workers"]:
+        assert {"worker_id", "state", "pid"} <= set(w) and w["state"] == "ready"
+    assert "ready" in run_cli("status", "--connect", node.endpoint).stdout
+    bad = run_cli("decode", "not-an-id", check=False)
+    assert bad.returncode == 1 and "not a snowfence ID" in bad.stderr
+    too_many = run_cli("reserve", "0", "--connect", node.endpoint, check=False)
+    assert too_many.returncode == 1 and "bad_request" in too_many.stderr
+
+
+def test_cli_reports_an_unreachable_server_clearly(tmp_path):
+    p = run_cli("status", "--connect", f"ipc://{tmp_path}/none.sock", "--timeout", "0.3", check=False)
+    assert p.returncode == 1 and "timeout" in p.stderr
+
+
+def test_env_settings_reach_the_node(nodes):
+    node = nodes.start(workers=1, env={"SNOWFENCE_REGION": "3"})
+    node.wait_ready()
+    with node.client() as c:
+        (block,) = c.reserve(1)
+    assert L.decompose(block.first).region == 3
