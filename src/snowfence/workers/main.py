@@ -201,6 +201,8 @@ class Worker:
             request = protocol.decode_request(body)
             if request.type != protocol.RESERVE:
                 raise BadRequest("only RESERVE requests reach workers")
+            if request.after is not None:
+                raise BadRequest("this server does not support causal tokens (the AFTER flag)")
         except BadRequest as err:
             self.counters["bad_request"] += 1
             reply = protocol.encode_error(getattr(err, "request_id", 0), err)
