@@ -72,14 +72,15 @@ def test_sigkill_of_a_worker_loses_only_its_in_flight_requests_and_never_repeats
     os.kill(victim, signal.SIGKILL)
     for p in procs:
         p.wait(60)
-        got, errors = map(int, p.stdout.read().split())
-        assert got >= 400_000, "clients kept being served while a worker was killed and restarted"
-        assert errors == 0, "no request failed beyond what retries absorbed"
+        out = p.stdout.read()
+        got, errors = map(int, out.split())
+        assert got >= 400_000, f"clients kept being served while a worker was killed and restarted: {out}\n{node.log_tail()}"
+        assert errors == 0, f"no request failed beyond what retries absorbed: {out}\n{node.log_tail()}"
     figures = check_blocks([read_pairs(o) for o in outs])
     assert figures["ids"] >= 800_000
     status = node.status()
     assert victim not in {w["pid"] for w in status["workers"]}
-    assert sum(s["restarts"] for s in status["broker"]["slots"]) == 1
+    assert sum(s["restarts"] for s in status["broker"]["slots"]) == 1, (status["broker"], node.log_tail())
     node.wait_ready(2)
 
 
@@ -215,6 +216,24 @@ def test_a_large_clock_step_back_reaches_the_client_as_clock_unsafe_and_recovers
         wait_for(lambda: node.ready_workers(), 5, what="the worker to rejoin")
         c.reserve(10)
     assert "event=clock_step_back" in node.log() and "step_back_ms=" in node.log()
+
+
+def test_a_refusing_worker_leaves_rotation_and_its_requests_are_retried_on_another(nodes, clock):
+    node = nodes.start(workers=2, env=clock.env())
+    node.wait_ready()
+    victim = node.worker_pids()[0]
+    with node.client() as c:
+        c.reserve(50_000)  # both workers have minted: a step back is now behind their last_ms
+    clock.shift_pid(victim, -2_000)  # only this worker's wall clock steps back 2 s
+    with node.client(retries=0, window=4) as c:
+        blocks = [b for _ in range(200) for b in c.reserve(50)]  # no error reaches the client
+    check_blocks([[(b.first, b.count) for b in blocks]])
+    status = node.status()
+    victim_entry = next(w for w in status["workers"] if w["pid"] == victim)
+    assert victim_entry["state"] == "clock_unsafe" and not victim_entry["in_rotation"]
+    assert status["broker"]["counters"]["retried"] >= 1
+    clock.shift_pid(victim, 0)
+    node.wait_ready(2, timeout_s=10)
 
 
 def test_a_small_clock_step_back_is_waited_out_without_an_error(nodes, clock):
