@@ -239,3 +239,27 @@ def raw(tmp_path):
     for s in socks:
         s.close(0)
     ctx.term()
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A single etcd member on loopback, stopped at teardown."""
+    from etcdharness import EtcdCluster
+
+    cluster = EtcdCluster(tmp_path / "etcd", size=1).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def etcd3(tmp_path):
+    """A three-member etcd cluster on loopback, stopped at teardown."""
+    from etcdharness import EtcdCluster
+
+    cluster = EtcdCluster(tmp_path / "etcd3", size=3).start()
+    yield cluster
+    cluster.stop()
+
+
+def etcd_args(cluster, name: str = "test", *extra) -> tuple:
+    return ("--etcd", ",".join(cluster.endpoints), "--cluster", name, *extra)

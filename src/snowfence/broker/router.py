@@ -25,7 +25,7 @@ import zmq
 
 from .. import protocol
 from ..config import Config
-from ..errors import BadRequest, SnowfenceError, Unavailable
+from ..errors import BadRequest, ClockUnsafe, Fenced, ReservationExpired, SnowfenceError, Unavailable
 from ..logs import event
 
 log = logging.getLogger("snowfence.broker")
@@ -147,7 +147,8 @@ class Router:
             link = self.pick()
             if link is None:
                 if not self.rotation:
-                    self.unavailable(meta, addr, body, "no worker is ready")
+                    self.counters["unavailable"] += 1
+                    self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), self.why_none_ready()))
                     return True
                 self.pending.append((meta, addr, body))
                 return False
@@ -174,6 +175,18 @@ class Router:
             if link.outstanding < link.capacity:
                 return link
         return None
+
+    def why_none_ready(self) -> SnowfenceError:
+        """The most telling reason no worker is in rotation, as the error to answer with."""
+        states = {h.get("state") for link in self.links.values() for h in link.status.get("held") or ()}
+        if "fenced" in states:
+            return Fenced("every worker is fenced: their lease renewals are failing")
+        if "clock_unsafe" in states:
+            return ClockUnsafe("every worker's wall clock is behind its last minted millisecond")
+        if "reserving" in states:
+            return ReservationExpired("every worker is waiting for its reservation to be extended")
+        reasons = sorted({link.status.get("reason") for link in self.links.values() if link.status.get("reason")})
+        return Unavailable("no worker is ready" + (f" ({'; '.join(reasons)})" if reasons else ""))
 
     def unavailable(self, meta: int, addr: bytes, body: bytes, why: str) -> None:
         self.counters["unavailable"] += 1

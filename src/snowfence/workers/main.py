@@ -108,6 +108,8 @@ class Worker:
         self.ready: list[Held] = []
         self._rr = 0
         self.store: Store | None = None
+        self.layout_checked = False
+        self.exit_code = Exit.OK
         self.stopping = False
         self.reason = "starting"
         self._signals: list[int] = []
@@ -134,13 +136,9 @@ class Worker:
         self.sock.connect(self.backend)
         try:
             self.store = open_store(self.config)
-            self.store.check_layout(self.layout)
-        except StateDirError as exc:
-            event(log, "boot_failed", str(exc), level=logging.ERROR)
-            return Exit.CANTCREAT
         except ConfigError as exc:
-            event(log, "boot_failed", str(exc), level=logging.ERROR)
-            return Exit.CONFIG
+            self.boot_failed(exc)
+            return self.exit_code
         self.reason = "claiming a worker ID"
         try:
             self.loop()
@@ -150,7 +148,13 @@ class Worker:
             self.sock.close()
             if self.store is not None:
                 self.store.close()
-        return Exit.OK
+        return self.exit_code
+
+    def boot_failed(self, exc: ConfigError) -> None:
+        """A reason to stop that a restart will not fix: the supervisor halts the node."""
+        event(log, "boot_failed", str(exc), level=logging.ERROR)
+        self.exit_code = Exit.CANTCREAT if isinstance(exc, StateDirError) else Exit.CONFIG
+        self.stopping = True
 
     def loop(self) -> None:
         sock = self.sock
@@ -340,9 +344,15 @@ class Worker:
         now_ms = time.time_ns() // 1_000_000 - self.layout.epoch_ms
         window_ms = int(self.config.reservation_window_s * 1000)
         try:
+            if not self.layout_checked:
+                self.store.check_layout(self.layout)
+                self.layout_checked = True
             lease = self.store.claim(
                 self.preferences[index].read(), self.holder, now_ms, max_ahead_ms=window_ms + 2000
             )
+        except ConfigError as exc:
+            self.boot_failed(exc)
+            return
         except SnowfenceError as exc:
             lease, why = None, str(exc)
         else:
@@ -352,7 +362,10 @@ class Worker:
             event(log, "claim_failed", self.reason, level=logging.WARNING, region=self.config.region)
             delay = self._claim_backoff_s * random.uniform(0.8, 1.2)
             self._next_claim_ns = time.monotonic_ns() + int(delay * 1e9)
-            self._claim_backoff_s = min(self._claim_backoff_s * 2, CLAIM_BACKOFF_MAX_S)
+            # Capped well below the lease TTL, so a standby takes over a dead node's
+            # worker IDs soon after their leases lapse.
+            cap = min(CLAIM_BACKOFF_MAX_S, self.config.lease_ttl_s / 2)
+            self._claim_backoff_s = min(self._claim_backoff_s * 2, cap)
             self._state_dirty = True
             return
         self._claim_backoff_s = CLAIM_BACKOFF_MIN_S

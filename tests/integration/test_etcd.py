@@ -1,0 +1,251 @@
+"""Worker-ID leases in a real etcd: disjoint worker IDs, self-fencing, takeover of
+a paused node's worker IDs behind the time high-water mark, leader loss."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import orjson
+import pytest
+
+from checks import check_blocks, read_pairs
+from conftest import HERE, etcd_args, wait_for
+from snowfence.errors import Fenced, SnowfenceError
+from snowfence.ids import DEFAULT_LAYOUT, Layout
+
+#: Lease timing scaled down 2.5x so takeover tests run in seconds; the relations
+#: between the settings (renew < fence < TTL, window > renew) are the defaults'.
+FAST = ("--lease-ttl-s", "4", "--keepalive-interval-s", "0.8", "--fence-after-s", "2",
+        "--reservation-window-s", "2", "--etcd-timeout-s", "0.4")
+#: A layout with two worker IDs per region, so a region can be exhausted.
+TWO_IDS = ("--worker-bits", "1", "--sequence-bits", "18")
+TWO_IDS_LAYOUT = Layout(time_bits=41, region_bits=3, worker_bits=1, sequence_bits=18)
+
+
+def worker_ids(node) -> set[int]:
+    return {w["worker_id"] for w in node.status()["workers"] if w.get("worker_id") is not None}
+
+
+def loadgen(endpoint: str, total: int, out, seed: int, deadline_s: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(HERE / "loadgen.py"), endpoint, str(total), str(out), str(seed),
+                             str(deadline_s)], stdout=subprocess.PIPE, text=True)
+
+
+def test_two_nodes_in_one_region_hold_disjoint_worker_ids(nodes, etcd):
+    a = nodes.start("a", workers=2, args=etcd_args(etcd))
+    b = nodes.start("b", workers=2, args=etcd_args(etcd))
+    a.wait_ready()
+    b.wait_ready()
+    ids_a, ids_b = worker_ids(a), worker_ids(b)
+    assert len(ids_a) == 2 and len(ids_b) == 2 and not ids_a & ids_b
+    claims = etcd.get_prefix("/snowfence/test/workers/0/")
+    assert {int(k.rsplit("/", 1)[1]) for k in claims} == ids_a | ids_b
+    with a.client() as ca, b.client() as cb:
+        blocks = ca.reserve(30_000) + cb.reserve(30_000)
+    check_blocks([[(x.first, x.count) for x in blocks]])
+
+
+def test_status_shows_each_workers_lease_fence_and_reservation(nodes, etcd):
+    node = nodes.start(workers=2, args=etcd_args(etcd))
+    node.wait_ready()
+    for w in node.status()["workers"]:
+        assert w["state"] == "ready" and w["store"] == "etcd"
+        assert int(w["lease_id"], 16) > 0 and w["token"] > 0
+        assert 0 < w["lease_remaining_s"] <= 10
+        assert 0 < w["fence_in_s"] <= 5
+        assert w["reservation_headroom_ms"] > 0
+    text = subprocess.run([sys.executable, "-m", "snowfence", "status", "--connect", node.endpoint],
+                          capture_output=True, text=True, timeout=30).stdout
+    assert "etcd mode" in text and "fence_in_s" in text
+
+
+def test_etcd_stopped_every_worker_fences_within_5_s_and_resumes_when_it_is_back(nodes, etcd):
+    node = nodes.start(workers=2, args=etcd_args(etcd))  # default timing: fence at 5 s
+    node.wait_ready()
+    outcomes: list[tuple[float, str, int]] = []  # (seconds since stop, code or "ok", ms)
+    stop_at = [None]
+    done = threading.Event()
+
+    def probe():
+        with node.client(retries=0, timeout_s=1.0) as c:
+            while not done.is_set():
+                try:
+                    blocks = c.reserve(2)
+                    code, ms = "ok", max(DEFAULT_LAYOUT.ms_of(b.last) for b in blocks)
+                except SnowfenceError as exc:
+                    code, ms = exc.code, -1
+                if stop_at[0] is not None:
+                    outcomes.append((time.monotonic() - stop_at[0], code, ms))
+                time.sleep(0.02)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    try:
+        time.sleep(0.5)
+        stop_wall_ms = time.time_ns() // 1_000_000 - DEFAULT_LAYOUT.epoch_ms
+        stop_at[0] = time.monotonic()
+        etcd.members[0].kill()
+        wait_for(lambda: outcomes and outcomes[-1][0] > 7.0, 15, what="7 s of probes")
+    finally:
+        done.set()
+        t.join(10)
+    late = [o for o in outcomes if o[0] > 5.5]  # 5 s fence plus scheduling slack
+    assert late and all(code == "fenced" for _, code, _ in late), late[:5]
+    minted_after_stop = [ms for _, code, ms in outcomes if code == "ok"]
+    # Marks are at most 5 s (the window) ahead of the last extension before the stop.
+    assert all(ms <= stop_wall_ms + 5_000 for ms in minted_after_stop)
+    assert all(w["state"] == "fenced" and not w["in_rotation"] for w in node.status()["workers"])
+    assert node.log().count("event=fenced") == 2
+    # etcd back (same data): the leases are still there, the workers rejoin on their own.
+    etcd.restart_member(etcd.members[0])
+    assert etcd.wait_healthy(20)
+    node.wait_ready(2, timeout_s=15)
+    with node.client(retries=0) as c:
+        assert sum(len(b) for b in c.reserve(100)) == 100
+    assert "event=rejoined" in node.log()
+
+
+def test_a_node_paused_past_its_lease_is_taken_over_and_nothing_repeats(nodes, etcd, tmp_path):
+    args = etcd_args(etcd, "test", *FAST, *TWO_IDS)
+    a = nodes.start("a", workers=2, args=args)
+    a.wait_ready()
+    b = nodes.start("b", workers=2, args=args)
+    wait_for(lambda: "every worker ID of region 0 is taken" in b.log(), 10, what="b to find no free worker ID")
+    outs = [tmp_path / "via_a.bin", tmp_path / "via_b.bin"]
+    clients = [loadgen(a.endpoint, 10**9, outs[0], 1, 14), loadgen(b.endpoint, 10**9, outs[1], 2, 14)]
+    time.sleep(1.0)
+    os.killpg(a.pgid, signal.SIGSTOP)  # the whole node: broker and workers
+    paused_at = time.monotonic()
+    try:
+        b.wait_ready(2, timeout_s=15)
+        took_over_s = time.monotonic() - paused_at
+        assert took_over_s > 4, "b could only claim after a's leases (TTL 4 s) lapsed"
+        time.sleep(1.5)
+    finally:
+        os.killpg(a.pgid, signal.SIGCONT)
+    # a wakes up fenced: it refuses, finds its leases gone, and looks for free worker IDs.
+    wait_for(lambda: not a.ready_workers() and "lease lost" in a.log(), 10, what="a to notice it lost its leases")
+    wait_for(lambda: "every worker ID of region 0 is taken" in a.log().split("lease lost", 1)[1], 10,
+             what="a to try to re-claim")
+    for c in clients:
+        c.wait(30)
+    via_a, via_b = read_pairs(outs[0]), read_pairs(outs[1])
+    assert via_a and via_b
+    check_blocks([via_a, via_b], TWO_IDS_LAYOUT)
+    # Per worker ID, every ID of the new owner is above every ID of the old one.
+    for w in (0, 1):
+        old = [f + n - 1 for f, n in via_a if TWO_IDS_LAYOUT.decompose(f).worker == w]
+        new = [f for f, n in via_b if TWO_IDS_LAYOUT.decompose(f).worker == w]
+        assert old and new and min(new) > max(old)
+    # The new owner waited for the mark: the claim log says how far ahead it was.
+    assert "mark_ahead_ms=" in b.log()
+
+
+def test_leader_of_a_3_member_cluster_killed_under_load_no_worker_fences(nodes, etcd3, tmp_path):
+    node = nodes.start(workers=2, args=etcd_args(etcd3))
+    node.wait_ready()
+    outs = [tmp_path / f"c{i}.bin" for i in range(2)]
+    clients = [loadgen(node.endpoint, 10**9, o, i, 9) for i, o in enumerate(outs)]
+    time.sleep(2.0)
+    leader = etcd3.leader()
+    leader.kill()
+    time.sleep(1.0)
+    new_leader = etcd3.leader()
+    assert new_leader is not leader
+    for c in clients:
+        c.wait(30)
+        got, errors = map(int, c.stdout.read().split())
+        assert errors == 0 and got > 0
+    figures = check_blocks([read_pairs(o) for o in outs])
+    assert figures["ids"] > 100_000
+    log = node.log()
+    assert "event=fenced" not in log, "a keep-alive must ride over the election"
+    assert all(w["state"] == "ready" for w in node.status()["workers"])
+
+
+def test_a_foreign_layout_is_refused(nodes, etcd):
+    a = nodes.start("a", workers=1, args=etcd_args(etcd))
+    a.wait_ready()
+    b = nodes.start("b", workers=2, args=etcd_args(etcd, "test", "--region-bits", "2", "--worker-bits", "8"))
+    assert b.proc.wait(20) == 78
+    assert "cluster 'test' uses layout" in b.log() and "will not start" in b.log()
+    # A different epoch is a different layout too.
+    c = nodes.start("c", workers=1, args=etcd_args(etcd, "test", "--epoch", "2025-01-01T00:00:00Z"))
+    assert c.proc.wait(20) == 78
+    # Another cluster name is another cluster: its own layout.
+    d = nodes.start("d", workers=1, args=etcd_args(etcd, "other", "--region-bits", "2", "--worker-bits", "8"))
+    d.wait_ready()
+
+
+def test_exhausted_worker_ids_give_a_clear_error_and_back_off(nodes, etcd):
+    a = nodes.start("a", workers=2, args=etcd_args(etcd, "test", *TWO_IDS))
+    a.wait_ready()
+    b = nodes.start("b", workers=1, args=etcd_args(etcd, "test", *TWO_IDS))
+    wait_for(lambda: b.log().count("claim_failed") >= 4, 20, what="several claim attempts")
+    (entry,) = b.status()["workers"]
+    assert entry["worker_id"] is None and entry["state"] == "claiming"
+    assert "every worker ID of region 0 is taken" in entry["reason"]
+    delays = [float(line.split("retrying in ")[1].split(" s")[0]) for line in b.log().splitlines() if "claim_failed" in line]
+    assert delays == sorted(delays) and delays[-1] > delays[0], delays  # back-off, not a hot loop
+    assert b.status()["broker"]["slots"][0]["restarts"] == 0  # no crash loop
+    with b.client(retries=0) as c:
+        with pytest.raises(SnowfenceError) as info:
+            c.reserve(1)
+        assert info.value.code == "unavailable" and "taken" in info.value.message
+    # When a worker ID frees, the waiting node takes it.
+    assert a.stop() == 0
+    b.wait_ready(1, timeout_s=15)
+
+
+def test_clean_shutdown_revokes_leases_at_once_and_lowers_marks(nodes, etcd):
+    node = nodes.start(workers=2, args=etcd_args(etcd))
+    node.wait_ready()
+    with node.client() as c:
+        blocks = c.reserve(20_000)
+    last_ms = max(DEFAULT_LAYOUT.ms_of(b.last) for b in blocks)
+    assert node.stop() == 0
+    assert etcd.get_prefix("/snowfence/test/workers/") == {}  # not waiting for a TTL
+    marks = etcd.get_prefix("/snowfence/test/marks/")
+    assert len(marks) == 2
+    for value in marks.values():
+        assert orjson.loads(value)["reserved_until_ms"] <= last_ms
+    # A new node takes over at once: the marks are behind its clock.
+    again = nodes.start("again", workers=2, args=etcd_args(etcd))
+    again.wait_ready(timeout_s=10)
+    with again.client() as c:
+        assert min(b.first for b in c.reserve(1000)) > max(b.last for b in blocks)
+
+
+def test_unreachable_etcd_at_boot_backs_off_then_serves_when_it_appears(nodes, etcd):
+    etcd.members[0].kill()
+    node = nodes.start(workers=1, args=etcd_args(etcd, "test", "--etcd-timeout-s", "0.3"))
+    wait_for(lambda: node.log().count("claim_failed") >= 3, 20, what="claim attempts against a dead etcd")
+    assert "etcd" in node.status()["workers"][0]["reason"]
+    assert node.status()["broker"]["slots"][0]["restarts"] == 0
+    etcd.restart_member(etcd.members[0])
+    assert etcd.wait_healthy(20)
+    node.wait_ready(timeout_s=20)
+
+
+def test_a_fenced_worker_refusal_reaches_the_client_as_fenced(nodes, etcd):
+    node = nodes.start(workers=1, args=etcd_args(etcd, "test", *FAST))
+    node.wait_ready()
+    etcd.pause()  # a hung etcd: calls time out at their deadline
+    try:
+        with node.client(retries=0) as c:
+            def fenced():
+                try:
+                    c.reserve(1)
+                except Fenced as exc:
+                    return exc
+                return None
+            err = wait_for(fenced, 6, interval_s=0.05, what="a fenced refusal")
+        assert err.retriable
+    finally:
+        etcd.resume()
+    node.wait_ready(timeout_s=10)
