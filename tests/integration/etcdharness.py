@@ -158,14 +158,15 @@ class EtcdCluster:
             time.sleep(0.1)
         return False
 
-    def leader(self) -> Member:
+    def leader(self) -> Member | None:
+        """The member that is leader now, or None (during an election)."""
         live = [m for m in self.members if m.running]
         p = self.ctl("endpoint", "status", "-w", "json", endpoints=[m.client_url for m in live])
         for entry in orjson.loads(p.stdout or "[]"):
             status = entry["Status"]
             if status["header"]["member_id"] == status["leader"]:
                 return next(m for m in live if m.client_url == entry["Endpoint"])
-        raise RuntimeError(f"no leader among {[m.name for m in live]}: {p.stderr}")
+        return None
 
     def get_prefix(self, prefix: str) -> dict[str, str]:
         p = self.ctl("get", "--prefix", prefix, "-w", "json")

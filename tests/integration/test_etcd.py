@@ -152,10 +152,9 @@ def test_leader_of_a_3_member_cluster_killed_under_load_no_worker_fences(nodes, 
     outs = [tmp_path / f"c{i}.bin" for i in range(2)]
     clients = [loadgen(node.endpoint, 10**9, o, i, 9) for i, o in enumerate(outs)]
     time.sleep(2.0)
-    leader = etcd3.leader()
+    leader = wait_for(etcd3.leader, 5, what="a leader")
     leader.kill()
-    time.sleep(1.0)
-    new_leader = etcd3.leader()
+    new_leader = wait_for(etcd3.leader, 10, what="a new leader")
     assert new_leader is not leader
     for c in clients:
         c.wait(30)
@@ -249,3 +248,22 @@ def test_a_fenced_worker_refusal_reaches_the_client_as_fenced(nodes, etcd):
     finally:
         etcd.resume()
     node.wait_ready(timeout_s=10)
+
+
+def test_tls_and_password_authentication_end_to_end(nodes, etcd_secure):
+    tls = etcd_secure.tls
+    secure = ("--etcd-ca", str(tls["ca"]), "--etcd-cert", str(tls["client_cert"]), "--etcd-key", str(tls["client_key"]),
+              "--etcd-user", "root")
+    node = nodes.start(workers=1, args=etcd_args(etcd_secure, "test", *secure),
+                       env={"SNOWFENCE_ETCD_PASSWORD": etcd_secure.password})
+    node.wait_ready(timeout_s=20)
+    with node.client() as c:
+        assert sum(len(b) for b in c.reserve(1000)) == 1000
+    assert len(etcd_secure.get_prefix("/snowfence/test/workers/")) == 1
+    assert "s3cret" not in node.log()
+    # A wrong password never claims, and says why.
+    bad = nodes.start("bad", workers=1, args=etcd_args(etcd_secure, "test", *secure),
+                      env={"SNOWFENCE_ETCD_PASSWORD": "wrong"})
+    wait_for(lambda: bad.log().count("claim_failed") >= 2, 20, what="failed claims")
+    assert not bad.ready_workers()
+    assert "wrong" not in bad.log()

@@ -300,6 +300,10 @@ class Router:
         """Heartbeats out; silent workers out of rotation."""
         if now_ns < self._next_ping_ns:
             return
+        if now_ns - self._next_ping_ns > self._timeout_ns:
+            # The broker itself was paused; its workers' silence is its own.
+            for link in self.links.values():
+                link.seen_ns = max(link.seen_ns, now_ns - self._heartbeat_ns)
         self._next_ping_ns = now_ns + self._heartbeat_ns
         for ident, link in list(self.links.items()):
             if link.silent and now_ns - link.seen_ns > 3 * self._timeout_ns:

@@ -211,11 +211,18 @@ class EtcdStore(Store):
         self._failures += 1
         text = str(exc).lower()
         client = self._client
-        if client is not None:
-            # The library marks failed endpoints by wall-clock time; after a step
-            # back they could stay "failed" for hours. Our own back-off paces retries.
+        if client is not None and client.endpoints:
+            # Move on to the next member, round robin, so a retry never goes back to
+            # the one that just failed. The library's own failure marks count wall-clock
+            # time, and after a step back they could lock every member out for hours:
+            # clear them; our back-off paces the retries. (A private attribute: the
+            # library is pinned to one version.)
+            labels = list(client.endpoints)
             for endpoint in client.endpoints.values():
                 endpoint.last_failed = 0
+            current = client._current_endpoint_label
+            nxt = labels[(labels.index(current) + 1) % len(labels)] if current in labels else labels[0]
+            client._current_endpoint_label = nxt
         if self._failures >= REBUILD_AFTER_FAILURES or "auth" in text or "token" in text:
             self._rebuild()
 

@@ -223,7 +223,7 @@ class Keeper(threading.Thread):
                 self._on_event("renewal_failed", {"worker_id": self.lease.worker_id, "reason": str(exc),
                                                   "failures": self.failures})
                 self._sleep(backoff)
-                backoff = min(backoff * 2, self.interval_s)
+                backoff = min(backoff * 2, self.interval_s / 2)
                 continue
             except Exception as exc:  # a bug must not silently stop renewals: log, retry
                 self.failures += 1
@@ -231,7 +231,7 @@ class Keeper(threading.Thread):
                 self._on_event("renewal_failed", {"worker_id": self.lease.worker_id, "reason": repr(exc),
                                                   "failures": self.failures})
                 self._sleep(backoff)
-                backoff = min(backoff * 2, self.interval_s)
+                backoff = min(backoff * 2, self.interval_s / 2)
                 continue
             if self.failures:
                 self._on_event("renewed", {"worker_id": self.lease.worker_id, "after_failures": self.failures})

@@ -118,6 +118,7 @@ class Worker:
         self._state_dirty = True
         self._next_heartbeat_ns = 0
         self._broker_seen_ns = time.monotonic_ns()
+        self._last_tick_ns = self._broker_seen_ns
         self.counters = {"requests": 0, "ids": 0, "refused": {}, "bad_request": 0}
         namespace = f"embedded-r{config.region}" if config.embedded else f"etcd-{config.cluster}-r{config.region}"
         self.preferences = [PreferenceFile(config.state_dir, namespace, slot * 64 + i) for i in range(ids)]
@@ -275,6 +276,11 @@ class Worker:
             if not self.stopping:
                 event(log, "stopping", "signal received; draining")
             self.stopping = True
+        if now_ns - self._last_tick_ns > self.config.heartbeat_timeout_s * 1e9:
+            # We were paused ourselves (SIGSTOP, a VM freeze); so, probably, was the
+            # broker. Silence we slept through is no evidence it died.
+            self._broker_seen_ns = now_ns
+        self._last_tick_ns = now_ns
         if os.getppid() != self.broker_pid:
             event(log, "orphaned", "the broker is gone; releasing and exiting", level=logging.WARNING)
             self.stopping = True
@@ -408,7 +414,8 @@ class Worker:
         self.held.remove(held)
         self.ready = [h for h in self.held if h.state == "ready"]
         self.reason = why
-        event(log, "lease_lost", why, level=logging.WARNING, worker_id=held.lease.worker_id)
+        event(log, "reclaiming", f"{why}; claiming a worker ID again", level=logging.WARNING,
+              worker_id=held.lease.worker_id)
         self._next_claim_ns = time.monotonic_ns() + int(CLAIM_BACKOFF_MIN_S * 1e9)
         self._state_dirty = True
 
