@@ -1,9 +1,9 @@
 """The ``snowfence`` command: turns arguments into config and calls the package.
 
-    snowfence serve [--bind EP] [--workers N] [--region R] [--state-dir DIR] [--config FILE] ...
-    snowfence reserve N [--connect EP[,EP...]] [--json]
-    snowfence decode ID... [--json]
-    snowfence status [--connect EP[,EP...]] [--json]
+snowfence serve [--bind EP] [--workers N] [--region R] [--state-dir DIR] [--config FILE] ...
+snowfence reserve N [--connect EP[,EP...]] [--json]
+snowfence decode ID... [--json]
+snowfence status [--connect EP[,EP...]] [--json]
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ LAYOUT_FIELDS = ("epoch", "time_bits", "region_bits", "worker_bits", "sequence_b
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
-    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
-                        help=f"TOML file of settings (env {config_mod.ENV_PREFIX}CONFIG).")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help=f"TOML file of settings (env {config_mod.ENV_PREFIX}CONFIG).",
+    )
     for name, f in config_mod.FIELDS.items():
         if names is not None and name not in names:
             continue
@@ -33,8 +37,13 @@ def _add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
         if not f.metadata.get("secret"):
             default = f.default
             help_text += f"; default {','.join(default) if isinstance(default, tuple) else default!s}"
-        parser.add_argument(config_mod.flag_name(name), dest=name, default=argparse.SUPPRESS,
-                            metavar=f.metadata.get("metavar"), help=help_text + ")")
+        parser.add_argument(
+            config_mod.flag_name(name),
+            dest=name,
+            default=argparse.SUPPRESS,
+            metavar=f.metadata.get("metavar"),
+            help=help_text + ")",
+        )
 
 
 def _load_config(args: argparse.Namespace, names=None) -> config_mod.Config:
@@ -43,19 +52,30 @@ def _load_config(args: argparse.Namespace, names=None) -> config_mod.Config:
 
 
 def _connect_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--connect", metavar="EP[,EP...]", default=os.environ.get("SNOWFENCE_CONNECT", DEFAULT_CONNECT),
-                        help=f"Broker endpoint(s), tried in turn (env SNOWFENCE_CONNECT; default {DEFAULT_CONNECT}).")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="Seconds to wait for a reply (default 5).")
+    parser.add_argument(
+        "--connect",
+        metavar="EP[,EP...]",
+        default=os.environ.get("SNOWFENCE_CONNECT", DEFAULT_CONNECT),
+        help=f"Broker endpoint(s), tried in turn (env SNOWFENCE_CONNECT; default {DEFAULT_CONNECT}).",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="Seconds to wait for a reply (default 5)."
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="snowfence", description="64-bit, time-ordered IDs that are never issued twice.")
+    parser = argparse.ArgumentParser(
+        prog="snowfence", description="64-bit, time-ordered IDs that are never issued twice."
+    )
     parser.add_argument("--version", action="version", version=f"snowfence {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="Run a node: a broker and its worker processes.",
-                           description="Run a node. With no arguments: embedded mode (file locks in the "
-                           "state directory), region 0, one worker per core, on tcp://127.0.0.1:5555.")
+    serve = sub.add_parser(
+        "serve",
+        help="Run a node: a broker and its worker processes.",
+        description="Run a node. With no arguments: embedded mode (file locks in the "
+        "state directory), region 0, one worker per core, on tcp://127.0.0.1:5555.",
+    )
     _add_config_flags(serve)
 
     reserve = sub.add_parser("reserve", help="Reserve N IDs and print them.")
@@ -64,8 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     reserve.add_argument("--json", action="store_true", help="Print one JSON array of IDs as strings.")
     reserve.add_argument("--blocks", action="store_true", help="Print blocks (first, count) instead of IDs.")
 
-    decode = sub.add_parser("decode", help="Show the fields of IDs.",
-                            description="Decode IDs with the configured layout (flags, env or --config).")
+    decode = sub.add_parser(
+        "decode",
+        help="Show the fields of IDs.",
+        description="Decode IDs with the configured layout (flags, env or --config).",
+    )
     decode.add_argument("ids", nargs="+", metavar="ID")
     decode.add_argument("--json", action="store_true", help="One JSON object per line.")
     _add_config_flags(decode, LAYOUT_FIELDS)
@@ -141,8 +164,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
         if args.json:
             print(orjson.dumps(fields.to_dict()).decode())
         else:
-            print(f"{fields.id}  {format_unix_ms(fields.unix_ms)}  region={fields.region} "
-                  f"worker={fields.worker} sequence={fields.sequence}")
+            print(
+                f"{fields.id}  {format_unix_ms(fields.unix_ms)}  region={fields.region} "
+                f"worker={fields.worker} sequence={fields.sequence}"
+            )
     return status
 
 
@@ -153,17 +178,27 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
         return 0
     broker = status["broker"]
-    print(f"broker pid {broker.get('pid')} on {broker.get('bind')}: {broker.get('state')}, "
-          f"{broker.get('mode')} mode, region {status.get('region')}, "
-          f"{broker.get('workers_in_rotation')} of {len(broker.get('slots', []))} workers in rotation")
-    print(f"{'slot':>4} {'pid':>7} {'worker_id':>9} {'state':<13} {'rotation':<8} {'fence_in_s':>10} "
-          f"{'lease_s':>7} {'reserved_until':<24} reason")
+    print(
+        f"broker pid {broker.get('pid')} on {broker.get('bind')}: {broker.get('state')}, "
+        f"{broker.get('mode')} mode, region {status.get('region')}, "
+        f"{broker.get('workers_in_rotation')} of {len(broker.get('slots', []))} workers in rotation"
+    )
+    print(
+        f"{'slot':>4} {'pid':>7} {'worker_id':>9} {'state':<13} {'rotation':<8} {'fence_in_s':>10} "
+        f"{'lease_s':>7} {'reserved_until':<24} reason"
+    )
     for w in status["workers"]:
         reserved = w.get("reserved_until_ms")
-        reserved_text = format_unix_ms(reserved + status["layout"]["epoch_ms"]) if isinstance(reserved, int) and reserved >= 0 else "-"
-        print(f"{w.get('slot', '-'):>4} {w.get('pid', '-'):>7} {_dash(w.get('worker_id')):>9} {str(w.get('state')):<13} "
-              f"{'yes' if w.get('in_rotation') else 'no':<8} {_dash(w.get('fence_in_s')):>10} "
-              f"{_dash(w.get('lease_remaining_s')):>7} {reserved_text:<24} {w.get('reason') or ''}")
+        reserved_text = (
+            format_unix_ms(reserved + status["layout"]["epoch_ms"])
+            if isinstance(reserved, int) and reserved >= 0
+            else "-"
+        )
+        print(
+            f"{w.get('slot', '-'):>4} {w.get('pid', '-'):>7} {_dash(w.get('worker_id')):>9} {str(w.get('state')):<13} "
+            f"{'yes' if w.get('in_rotation') else 'no':<8} {_dash(w.get('fence_in_s')):>10} "
+            f"{_dash(w.get('lease_remaining_s')):>7} {reserved_text:<24} {w.get('reason') or ''}"
+        )
     return 0
 
 

@@ -39,7 +39,9 @@ class Config:
     # -- serving ------------------------------------------------------------------
     bind: str = setting("tcp://127.0.0.1:5555", "ZeroMQ endpoint the broker binds for clients.", metavar="ENDPOINT")
     workers: int = setting(0, "Worker processes to run; 0 means one per CPU core.", metavar="N")
-    worker_credits: int = setting(16, "Requests the broker may queue at one worker before it picks another.", metavar="N")
+    worker_credits: int = setting(
+        16, "Requests the broker may queue at one worker before it picks another.", metavar="N"
+    )
 
     # -- identity and layout ----------------------------------------------------------
     region: int = setting(0, "Region number stamped into every ID this node mints.", metavar="R")
@@ -55,26 +57,40 @@ class Config:
         "Directory for worker-ID locks and marks (embedded mode) and each worker's last worker ID.",
         metavar="DIR",
     )
-    etcd: tuple[str, ...] = setting((), "etcd endpoints, comma-separated (http[s]://host:port); empty means embedded mode.", metavar="URLS")
+    etcd: tuple[str, ...] = setting(
+        (), "etcd endpoints, comma-separated (http[s]://host:port); empty means embedded mode.", metavar="URLS"
+    )
     cluster: str = setting("default", "Cluster name: the etcd key prefix /snowfence/<cluster>/.", metavar="NAME")
     etcd_ca: str = setting("", "CA certificate file for etcd TLS.", metavar="FILE")
     etcd_cert: str = setting("", "Client certificate file for etcd TLS.", metavar="FILE")
     etcd_key: str = setting("", "Client key file for etcd TLS.", metavar="FILE")
     etcd_user: str = setting("", "etcd user name (with --etcd-password).", metavar="USER")
-    etcd_password: str = setting("", "etcd password; prefer the environment or the config file to a flag.", secret=True, metavar="PASSWORD")
+    etcd_password: str = setting(
+        "", "etcd password; prefer the environment or the config file to a flag.", secret=True, metavar="PASSWORD"
+    )
     etcd_timeout_s: float = setting(1.0, "Deadline of every etcd call, in seconds.", metavar="S")
     lease_ttl_s: int = setting(10, "TTL of a worker-ID lease in etcd, in seconds.", metavar="S")
     keepalive_interval_s: float = setting(2.0, "Seconds between lease renewals (and mark extensions).", metavar="S")
-    fence_after_s: float = setting(5.0, "A worker refuses (fenced) when no renewal sent within this many seconds succeeded.", metavar="S")
-    reservation_window_s: float = setting(5.0, "How far ahead of the wall clock the time high-water mark is extended, in seconds.", metavar="S")
+    fence_after_s: float = setting(
+        5.0, "A worker refuses (fenced) when no renewal sent within this many seconds succeeded.", metavar="S"
+    )
+    reservation_window_s: float = setting(
+        5.0, "How far ahead of the wall clock the time high-water mark is extended, in seconds.", metavar="S"
+    )
 
     # -- clock ------------------------------------------------------------------------
-    max_step_back_ms: int = setting(10, "Backward clock steps up to this many ms are waited out; larger ones refuse.", metavar="MS")
+    max_step_back_ms: int = setting(
+        10, "Backward clock steps up to this many ms are waited out; larger ones refuse.", metavar="MS"
+    )
 
     # -- processes ----------------------------------------------------------------------
     heartbeat_interval_s: float = setting(0.5, "Seconds between heartbeats of broker and workers.", metavar="S")
-    heartbeat_timeout_s: float = setting(3.0, "A worker silent this long leaves rotation; a broker silent this long ends its workers.", metavar="S")
-    shutdown_timeout_s: float = setting(4.0, "Seconds workers get to drain and release on shutdown before they are killed.", metavar="S")
+    heartbeat_timeout_s: float = setting(
+        3.0, "A worker silent this long leaves rotation; a broker silent this long ends its workers.", metavar="S"
+    )
+    shutdown_timeout_s: float = setting(
+        4.0, "Seconds workers get to drain and release on shutdown before they are killed.", metavar="S"
+    )
 
     # -- logs ---------------------------------------------------------------------------
     log_level: str = setting("info", "debug, info, warning or error.", metavar="LEVEL")
@@ -91,8 +107,16 @@ class Config:
             raise ConfigError(f"workers must be 0..{layout.max_worker + 1}, got {self.workers}")
         if not 1 <= self.worker_credits <= 1024:
             raise ConfigError(f"worker_credits must be 1..1024, got {self.worker_credits}")
-        _positive(self, "etcd_timeout_s", "keepalive_interval_s", "fence_after_s", "reservation_window_s",
-                  "heartbeat_interval_s", "heartbeat_timeout_s", "shutdown_timeout_s")
+        _positive(
+            self,
+            "etcd_timeout_s",
+            "keepalive_interval_s",
+            "fence_after_s",
+            "reservation_window_s",
+            "heartbeat_interval_s",
+            "heartbeat_timeout_s",
+            "shutdown_timeout_s",
+        )
         if self.lease_ttl_s < 2:
             raise ConfigError(f"lease_ttl_s must be at least 2, got {self.lease_ttl_s}")
         if not self.keepalive_interval_s < self.fence_after_s < self.lease_ttl_s:
@@ -104,7 +128,9 @@ class Config:
         if self.etcd_timeout_s >= self.fence_after_s:
             raise ConfigError("etcd_timeout_s must be shorter than fence_after_s")
         if self.reservation_window_s <= self.keepalive_interval_s:
-            raise ConfigError("reservation_window_s must exceed keepalive_interval_s, or the reservation runs out between renewals")
+            raise ConfigError(
+                "reservation_window_s must exceed keepalive_interval_s, or the reservation runs out between renewals"
+            )
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             raise ConfigError("heartbeat_timeout_s must be more than twice heartbeat_interval_s")
         if not 0 <= self.max_step_back_ms <= 1000:

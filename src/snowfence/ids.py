@@ -40,13 +40,13 @@ def parse_epoch(value: str | int) -> int:
     except ValueError:
         raise ConfigError(f"epoch {value!r} is neither Unix milliseconds nor an ISO-8601 time") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=_dt.timezone.utc)
+        moment = moment.replace(tzinfo=_dt.UTC)
     return int(moment.timestamp() * 1000)
 
 
 def format_unix_ms(unix_ms: int) -> str:
     """ISO-8601 UTC with milliseconds, e.g. ``2026-12-01T01:08:36.123Z``."""
-    moment = _dt.datetime.fromtimestamp(unix_ms / 1000, tz=_dt.timezone.utc)
+    moment = _dt.datetime.fromtimestamp(unix_ms / 1000, tz=_dt.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"
 
 
@@ -61,7 +61,7 @@ class Decoded(NamedTuple):
 
     @property
     def time(self) -> _dt.datetime:
-        return _dt.datetime.fromtimestamp(self.unix_ms / 1000, tz=_dt.timezone.utc)
+        return _dt.datetime.fromtimestamp(self.unix_ms / 1000, tz=_dt.UTC)
 
     def to_dict(self) -> dict:
         """JSON-ready; the ID is a string because it does not fit a double."""
@@ -140,12 +140,16 @@ class Layout:
 
     def check_region(self, region: int) -> int:
         if not isinstance(region, int) or isinstance(region, bool) or not 0 <= region <= self.max_region:
-            raise ConfigError(f"region must be 0..{self.max_region} with {self.region_bits} region bits, got {region!r}")
+            raise ConfigError(
+                f"region must be 0..{self.max_region} with {self.region_bits} region bits, got {region!r}"
+            )
         return region
 
     def check_worker(self, worker: int) -> int:
         if not isinstance(worker, int) or isinstance(worker, bool) or not 0 <= worker <= self.max_worker:
-            raise ConfigError(f"worker must be 0..{self.max_worker} with {self.worker_bits} worker bits, got {worker!r}")
+            raise ConfigError(
+                f"worker must be 0..{self.max_worker} with {self.worker_bits} worker bits, got {worker!r}"
+            )
         return worker
 
     def compose(self, ms: int, region: int, worker: int, sequence: int) -> int:
@@ -185,7 +189,7 @@ class Layout:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Layout":
+    def from_dict(cls, data: dict) -> Layout:
         fields = ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits")
         unknown = set(data) - set(fields)
         if unknown:

@@ -30,7 +30,9 @@ class _TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        text = f"{stamp}.{int(record.msecs):03d}Z {record.levelname:<7} {self.role}[{os.getpid()}] {record.getMessage()}"
+        text = (
+            f"{stamp}.{int(record.msecs):03d}Z {record.levelname:<7} {self.role}[{os.getpid()}] {record.getMessage()}"
+        )
         name = getattr(record, "event", None)
         fields = getattr(record, "fields", None)
         if name and name != record.getMessage():

@@ -12,7 +12,7 @@ def read_pairs(path) -> list[tuple[int, int]]:
     data = array.array("q")
     with open(path, "rb") as f:
         data.frombytes(f.read())
-    return list(zip(data[0::2], data[1::2]))
+    return list(zip(data[0::2], data[1::2], strict=False))
 
 
 def check_blocks(per_client: list[list[tuple[int, int]]], layout: Layout = DEFAULT_LAYOUT) -> dict:
@@ -31,19 +31,21 @@ def check_blocks(per_client: list[list[tuple[int, int]]], layout: Layout = DEFAU
             assert count >= 1
             last = first + count - 1
             a, b = layout.decompose(first), layout.decompose(last)
-            assert (a.unix_ms, a.region, a.worker) == (b.unix_ms, b.region, b.worker), \
+            assert (a.unix_ms, a.region, a.worker) == (b.unix_ms, b.region, b.worker), (
                 f"block {first}+{count} crosses a millisecond or a worker"
+            )
             key = first & wmask
             workers.add(key >> shift)
             prev = last_by_worker.get(key)
-            assert prev is None or first > prev, \
+            assert prev is None or first > prev, (
                 f"worker {a.worker}: block {first} does not follow {prev} (per-worker order broken)"
+            )
             last_by_worker[key] = last
             intervals.append((first, last))
     intervals.sort()
-    for (f1, l1), (f2, l2) in zip(intervals, intervals[1:]):
-        assert f2 > l1, f"IDs issued twice: blocks [{f1}, {l1}] and [{f2}, {l2}] overlap"
-    return {"ids": sum(l - f + 1 for f, l in intervals), "blocks": len(intervals), "workers": len(workers)}
+    for (f1, last1), (f2, last2) in zip(intervals, intervals[1:], strict=False):
+        assert f2 > last1, f"IDs issued twice: blocks [{f1}, {last1}] and [{f2}, {last2}] overlap"
+    return {"ids": sum(last - f + 1 for f, last in intervals), "blocks": len(intervals), "workers": len(workers)}
 
 
 def by_worker(pairs: list[tuple[int, int]], layout: Layout = DEFAULT_LAYOUT) -> dict[int, list[tuple[int, int]]]:

@@ -40,7 +40,9 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.05, what: str = 
         if value:
             return value
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+    raise AssertionError(
+        f"timed out after {timeout_s} s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else "")
+    )
 
 
 class ClockTable:
@@ -99,8 +101,16 @@ def clock(tmp_path, clockshim_library):
 class Node:
     """One ``snowfence serve`` process group."""
 
-    def __init__(self, tmp_path: Path, name: str, *, workers: int = 2, state_dir: Path | None = None,
-                 args: tuple = (), env: dict | None = None) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        name: str,
+        *,
+        workers: int = 2,
+        state_dir: Path | None = None,
+        args: tuple = (),
+        env: dict | None = None,
+    ) -> None:
         self.name = name
         self.dir = tmp_path
         self.endpoint = f"ipc://{tmp_path}/{name}.sock"
@@ -112,9 +122,20 @@ class Node:
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
 
-    def start(self) -> "Node":
-        cmd = [sys.executable, "-m", "snowfence", "serve", "--bind", self.endpoint,
-               "--state-dir", str(self.state_dir), "--workers", str(self.workers), *self.args]
+    def start(self) -> Node:
+        cmd = [
+            sys.executable,
+            "-m",
+            "snowfence",
+            "serve",
+            "--bind",
+            self.endpoint,
+            "--state-dir",
+            str(self.state_dir),
+            "--workers",
+            str(self.workers),
+            *self.args,
+        ]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env, start_new_session=True)
         log.close()
@@ -138,8 +159,11 @@ class Node:
 
     def wait_ready(self, count: int | None = None, timeout_s: float = 20.0) -> list[dict]:
         count = self.workers if count is None else count
-        return wait_for(lambda: (lambda r: r if len(r) >= count else None)(self.ready_workers()),
-                        timeout_s, what=f"{count} ready workers on {self.name}; log:\n{self.log_tail()}")
+        return wait_for(
+            lambda: (lambda r: r if len(r) >= count else None)(self.ready_workers()),
+            timeout_s,
+            what=f"{count} ready workers on {self.name}; log:\n{self.log_tail()}",
+        )
 
     def worker_pids(self) -> list[int]:
         return sorted({w["pid"] for w in self.status()["workers"] if w.get("pid")})
@@ -277,10 +301,30 @@ def make_certs(directory: Path) -> dict:
     (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
     for name, cn in (("server", "127.0.0.1"), ("client", "root")):
         run("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
-    return {"ca": directory / "ca.pem", "server_cert": directory / "server.pem", "server_key": directory / "server.key",
-            "client_cert": directory / "client.pem", "client_key": directory / "client.key"}
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        )
+    return {
+        "ca": directory / "ca.pem",
+        "server_cert": directory / "server.pem",
+        "server_key": directory / "server.key",
+        "client_cert": directory / "client.pem",
+        "client_key": directory / "client.key",
+    }
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ def _binary(name: str) -> str:
 
 
 class Member:
-    def __init__(self, cluster: "EtcdCluster", index: int) -> None:
+    def __init__(self, cluster: EtcdCluster, index: int) -> None:
         self.cluster = cluster
         self.index = index
         self.name = f"m{index}"
@@ -60,16 +60,42 @@ class Member:
     def start(self, state: str = "new") -> None:
         c = self.cluster
         args = [
-            c.etcd, "--name", self.name, "--data-dir", str(self.data_dir),
-            "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
-            "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
-            "--initial-cluster", c.initial_cluster(), "--initial-cluster-state", state,
-            "--initial-cluster-token", c.token, "--log-level", "warn",
-            "--heartbeat-interval", "100", "--election-timeout", "1000",
+            c.etcd,
+            "--name",
+            self.name,
+            "--data-dir",
+            str(self.data_dir),
+            "--listen-client-urls",
+            self.client_url,
+            "--advertise-client-urls",
+            self.client_url,
+            "--listen-peer-urls",
+            self.peer_url,
+            "--initial-advertise-peer-urls",
+            self.peer_url,
+            "--initial-cluster",
+            c.initial_cluster(),
+            "--initial-cluster-state",
+            state,
+            "--initial-cluster-token",
+            c.token,
+            "--log-level",
+            "warn",
+            "--heartbeat-interval",
+            "100",
+            "--election-timeout",
+            "1000",
         ]
         if c.tls:
-            args += ["--cert-file", str(c.tls["server_cert"]), "--key-file", str(c.tls["server_key"]),
-                     "--trusted-ca-file", str(c.tls["ca"]), "--client-cert-auth"]
+            args += [
+                "--cert-file",
+                str(c.tls["server_cert"]),
+                "--key-file",
+                str(c.tls["server_key"]),
+                "--trusted-ca-file",
+                str(c.tls["ca"]),
+                "--client-cert-auth",
+            ]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
         log.close()
@@ -118,10 +144,10 @@ class EtcdCluster:
     def endpoints(self) -> list[str]:
         return [m.client_url for m in self.members]
 
-    def start(self, timeout_s: float = 20.0) -> "EtcdCluster":
-        for attempt in range(5):
+    def start(self, timeout_s: float = 20.0) -> EtcdCluster:
+        for _attempt in range(5):
             ports = random.sample(range(20000, 45000), 2 * len(self.members))
-            for m, (cp, pp) in zip(self.members, zip(ports[0::2], ports[1::2])):
+            for m, (cp, pp) in zip(self.members, zip(ports[0::2], ports[1::2], strict=False), strict=False):
                 m.client_port, m.peer_port = cp, pp
                 shutil.rmtree(m.data_dir, ignore_errors=True)
             for m in self.members:
@@ -131,15 +157,34 @@ class EtcdCluster:
             self.stop()  # most likely a port was taken: try other ports
         raise RuntimeError(f"etcd did not start; see logs in {self.root}")
 
-    def ctl(self, *args: str, endpoints: list[str] | None = None, timeout_s: float = 5.0,
-            env: dict | None = None) -> subprocess.CompletedProcess:
-        cmd = [self.etcdctl, "--endpoints", ",".join(endpoints or self.endpoints),
-               "--command-timeout", f"{timeout_s}s", "--dial-timeout", "2s"]
+    def ctl(
+        self, *args: str, endpoints: list[str] | None = None, timeout_s: float = 5.0, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
+        cmd = [
+            self.etcdctl,
+            "--endpoints",
+            ",".join(endpoints or self.endpoints),
+            "--command-timeout",
+            f"{timeout_s}s",
+            "--dial-timeout",
+            "2s",
+        ]
         if self.tls:
-            cmd += ["--cacert", str(self.tls["ca"]), "--cert", str(self.tls["client_cert"]),
-                    "--key", str(self.tls["client_key"])]
-        return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout_s + 5,
-                              env={**os.environ, "ETCDCTL_API": "3", **(env or {})})
+            cmd += [
+                "--cacert",
+                str(self.tls["ca"]),
+                "--cert",
+                str(self.tls["client_cert"]),
+                "--key",
+                str(self.tls["client_key"]),
+            ]
+        return subprocess.run(
+            cmd + list(args),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s + 5,
+            env={**os.environ, "ETCDCTL_API": "3", **(env or {})},
+        )
 
     def healthy(self, members: list[Member] | None = None) -> bool:
         members = [m for m in (members or self.members) if m.running]

@@ -12,16 +12,26 @@ import time
 
 import orjson
 import pytest
-
 from checks import check_blocks, read_pairs
 from conftest import HERE, etcd_args, wait_for
+
 from snowfence.errors import Fenced, SnowfenceError
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 
 #: Lease timing scaled down 2.5x so takeover tests run in seconds; the relations
 #: between the settings (renew < fence < TTL, window > renew) are the defaults'.
-FAST = ("--lease-ttl-s", "4", "--keepalive-interval-s", "0.8", "--fence-after-s", "2",
-        "--reservation-window-s", "2", "--etcd-timeout-s", "0.4")
+FAST = (
+    "--lease-ttl-s",
+    "4",
+    "--keepalive-interval-s",
+    "0.8",
+    "--fence-after-s",
+    "2",
+    "--reservation-window-s",
+    "2",
+    "--etcd-timeout-s",
+    "0.4",
+)
 #: A layout with two worker IDs per region, so a region can be exhausted.
 TWO_IDS = ("--worker-bits", "1", "--sequence-bits", "18")
 TWO_IDS_LAYOUT = Layout(time_bits=41, region_bits=3, worker_bits=1, sequence_bits=18)
@@ -32,8 +42,11 @@ def worker_ids(node) -> set[int]:
 
 
 def loadgen(endpoint: str, total: int, out, seed: int, deadline_s: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(HERE / "loadgen.py"), endpoint, str(total), str(out), str(seed),
-                             str(deadline_s)], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "loadgen.py"), endpoint, str(total), str(out), str(seed), str(deadline_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_two_nodes_in_one_region_hold_disjoint_worker_ids(nodes, etcd):
@@ -59,8 +72,12 @@ def test_status_shows_each_workers_lease_fence_and_reservation(nodes, etcd):
         assert 0 < w["lease_remaining_s"] <= 10
         assert 0 < w["fence_in_s"] <= 5
         assert w["reservation_headroom_ms"] > 0
-    text = subprocess.run([sys.executable, "-m", "snowfence", "status", "--connect", node.endpoint],
-                          capture_output=True, text=True, timeout=30).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "snowfence", "status", "--connect", node.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     assert "etcd mode" in text and "fence_in_s" in text
 
 
@@ -130,8 +147,11 @@ def test_a_node_paused_past_its_lease_is_taken_over_and_nothing_repeats(nodes, e
         os.killpg(a.pgid, signal.SIGCONT)
     # a wakes up fenced: it refuses, finds its leases gone, and looks for free worker IDs.
     wait_for(lambda: not a.ready_workers() and "lease lost" in a.log(), 10, what="a to notice it lost its leases")
-    wait_for(lambda: "every worker ID of region 0 is taken" in a.log().split("lease lost", 1)[1], 10,
-             what="a to try to re-claim")
+    wait_for(
+        lambda: "every worker ID of region 0 is taken" in a.log().split("lease lost", 1)[1],
+        10,
+        what="a to try to re-claim",
+    )
     for c in clients:
         c.wait(30)
     via_a, via_b = read_pairs(outs[0]), read_pairs(outs[1])
@@ -189,7 +209,9 @@ def test_exhausted_worker_ids_give_a_clear_error_and_back_off(nodes, etcd):
     (entry,) = b.status()["workers"]
     assert entry["worker_id"] is None and entry["state"] == "claiming"
     assert "every worker ID of region 0 is taken" in entry["reason"]
-    delays = [float(line.split("retrying in ")[1].split(" s")[0]) for line in b.log().splitlines() if "claim_failed" in line]
+    delays = [
+        float(line.split("retrying in ")[1].split(" s")[0]) for line in b.log().splitlines() if "claim_failed" in line
+    ]
     assert delays == sorted(delays) and delays[-1] > delays[0], delays  # back-off, not a hot loop
     assert b.status()["broker"]["slots"][0]["restarts"] == 0  # no crash loop
     with b.client(retries=0) as c:
@@ -237,12 +259,14 @@ def test_a_fenced_worker_refusal_reaches_the_client_as_fenced(nodes, etcd):
     etcd.pause()  # a hung etcd: calls time out at their deadline
     try:
         with node.client(retries=0) as c:
+
             def fenced():
                 try:
                     c.reserve(1)
                 except Fenced as exc:
                     return exc
                 return None
+
             err = wait_for(fenced, 6, interval_s=0.05, what="a fenced refusal")
         assert err.retriable
     finally:
@@ -252,18 +276,28 @@ def test_a_fenced_worker_refusal_reaches_the_client_as_fenced(nodes, etcd):
 
 def test_tls_and_password_authentication_end_to_end(nodes, etcd_secure):
     tls = etcd_secure.tls
-    secure = ("--etcd-ca", str(tls["ca"]), "--etcd-cert", str(tls["client_cert"]), "--etcd-key", str(tls["client_key"]),
-              "--etcd-user", "root")
-    node = nodes.start(workers=1, args=etcd_args(etcd_secure, "test", *secure),
-                       env={"SNOWFENCE_ETCD_PASSWORD": etcd_secure.password})
+    secure = (
+        "--etcd-ca",
+        str(tls["ca"]),
+        "--etcd-cert",
+        str(tls["client_cert"]),
+        "--etcd-key",
+        str(tls["client_key"]),
+        "--etcd-user",
+        "root",
+    )
+    node = nodes.start(
+        workers=1, args=etcd_args(etcd_secure, "test", *secure), env={"SNOWFENCE_ETCD_PASSWORD": etcd_secure.password}
+    )
     node.wait_ready(timeout_s=20)
     with node.client() as c:
         assert sum(len(b) for b in c.reserve(1000)) == 1000
     assert len(etcd_secure.get_prefix("/snowfence/test/workers/")) == 1
     assert "s3cret" not in node.log()
     # A wrong password never claims, and says why.
-    bad = nodes.start("bad", workers=1, args=etcd_args(etcd_secure, "test", *secure),
-                      env={"SNOWFENCE_ETCD_PASSWORD": "wrong"})
+    bad = nodes.start(
+        "bad", workers=1, args=etcd_args(etcd_secure, "test", *secure), env={"SNOWFENCE_ETCD_PASSWORD": "wrong"}
+    )
     wait_for(lambda: bad.log().count("claim_failed") >= 2, 20, what="failed claims")
     assert not bad.ready_workers()
     assert "wrong" not in bad.log()

@@ -22,15 +22,15 @@ def test_precedence_defaults_file_env_flags(tmp_path):
     toml.write_text('region = 1\nworkers = 3\nbind = "tcp://127.0.0.1:6000"\netcd = ["http://127.0.0.1:2379"]\n')
     env = {"SNOWFENCE_REGION": "2", "SNOWFENCE_WORKERS": "4"}
     c = cfg.load(flags={"region": "3"}, env=env, config_file=toml)
-    assert c.region == 3          # flag beats env
-    assert c.workers == 4         # env beats file
+    assert c.region == 3  # flag beats env
+    assert c.workers == 4  # env beats file
     assert c.bind == "tcp://127.0.0.1:6000"  # file beats default
     assert c.etcd == ("http://127.0.0.1:2379",)
 
 
 def test_config_file_from_the_environment_and_a_snowfence_table(tmp_path):
     toml = tmp_path / "node.toml"
-    toml.write_text('[snowfence]\nregion = 4\n')
+    toml.write_text("[snowfence]\nregion = 4\n")
     assert cfg.load(env={"SNOWFENCE_CONFIG": str(toml)}).region == 4
 
 
@@ -39,20 +39,23 @@ def test_env_list_is_comma_separated():
     assert c.etcd == ("http://a:1", "http://b:2")
 
 
-@pytest.mark.parametrize("flags, words", [
-    ({"region": "8"}, "region must be 0..7"),
-    ({"workers": "-1"}, "workers"),
-    ({"workers": "abc"}, "not a valid int"),
-    ({"sequence_bits": "13"}, "sum to 63"),
-    ({"fence_after_s": "12"}, "fence_after_s < lease_ttl_s"),
-    ({"keepalive_interval_s": "6"}, "keepalive_interval_s < fence_after_s"),
-    ({"reservation_window_s": "1"}, "reservation_window_s"),
-    ({"etcd": "localhost:2379"}, "http://host:port"),
-    ({"etcd_user": "u"}, "go together"),
-    ({"log_format": "xml"}, "log_format"),
-    ({"cluster": "a/b"}, "cluster"),
-    ({"epoch": "soon"}, "ISO-8601"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        ({"region": "8"}, "region must be 0..7"),
+        ({"workers": "-1"}, "workers"),
+        ({"workers": "abc"}, "not a valid int"),
+        ({"sequence_bits": "13"}, "sum to 63"),
+        ({"fence_after_s": "12"}, "fence_after_s < lease_ttl_s"),
+        ({"keepalive_interval_s": "6"}, "keepalive_interval_s < fence_after_s"),
+        ({"reservation_window_s": "1"}, "reservation_window_s"),
+        ({"etcd": "localhost:2379"}, "http://host:port"),
+        ({"etcd_user": "u"}, "go together"),
+        ({"log_format": "xml"}, "log_format"),
+        ({"cluster": "a/b"}, "cluster"),
+        ({"epoch": "soon"}, "ISO-8601"),
+    ],
+)
 def test_invalid_settings_name_the_setting(flags, words):
     with pytest.raises(ConfigError) as info:
         cfg.load(flags=flags, env={})

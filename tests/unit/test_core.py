@@ -55,12 +55,12 @@ def test_core_matches_replies_and_drops_stale_or_unknown_ones():
     pending, frame = core.reserve(10, deadline_ns=100)
     req = p.decode_request(frame)
     assert req.count == 10 and req.request_id == pending.request_id
-    assert core.match(p.encode_block(pending.request_id + 1, 5, 10)) is None   # unknown id
+    assert core.match(p.encode_block(pending.request_id + 1, 5, 10)) is None  # unknown id
     assert core.match(b"junk") is None
-    assert core.match(p.encode_block(pending.request_id, 5, 11)) is None      # more than asked
+    assert core.match(p.encode_block(pending.request_id, 5, 11)) is None  # more than asked
     matched = core.match(p.encode_block(pending.request_id, 5, 10))
     assert matched is not None and matched[0] is pending and matched[1].first == 5
-    assert core.match(p.encode_block(pending.request_id, 5, 10)) is None      # a duplicate is stale
+    assert core.match(p.encode_block(pending.request_id, 5, 10)) is None  # a duplicate is stale
 
 
 def test_abandoned_requests_never_match_later():

@@ -38,8 +38,12 @@ def layout_and_fields(draw):
         wb = 63 - tb - rb - 12
         sb = 12
     L = Layout(time_bits=tb, region_bits=rb, worker_bits=wb, sequence_bits=sb)
-    return L, (draw(st.integers(0, L.max_ms)), draw(st.integers(0, L.max_region)),
-               draw(st.integers(0, L.max_worker)), draw(st.integers(0, L.max_sequence)))
+    return L, (
+        draw(st.integers(0, L.max_ms)),
+        draw(st.integers(0, L.max_region)),
+        draw(st.integers(0, L.max_worker)),
+        draw(st.integers(0, L.max_sequence)),
+    )
 
 
 @given(layout_and_fields())
@@ -50,7 +54,7 @@ def test_compose_and_decompose_are_exact_inverses(lf):
     d = L.decompose(id_)
     assert (d.unix_ms - L.epoch_ms, d.region, d.worker, d.sequence) == (ms, region, worker, seq)
     assert L.compose(d.unix_ms - L.epoch_ms, d.region, d.worker, d.sequence) == id_
-    assert L.to_time(id_) == dt.datetime.fromtimestamp((ms + L.epoch_ms) / 1000, tz=dt.timezone.utc)
+    assert L.to_time(id_) == dt.datetime.fromtimestamp((ms + L.epoch_ms) / 1000, tz=dt.UTC)
 
 
 @given(st.integers(0, 2**63 - 1))
@@ -68,8 +72,14 @@ def test_decode_takes_strings_and_reports_fields():
     L = DEFAULT_LAYOUT
     id_ = L.compose(1000, 1, 2, 3)
     d = decode(str(id_))
-    assert d.to_dict() == {"id": str(id_), "unix_ms": L.epoch_ms + 1000, "time": "2026-01-01T00:00:01.000Z",
-                           "region": 1, "worker": 2, "sequence": 3}
+    assert d.to_dict() == {
+        "id": str(id_),
+        "unix_ms": L.epoch_ms + 1000,
+        "time": "2026-01-01T00:00:01.000Z",
+        "region": 1,
+        "worker": 2,
+        "sequence": 3,
+    }
 
 
 @pytest.mark.parametrize("bad", [-1, 2**63, "abc", "-5", "1.5", True])
@@ -78,15 +88,18 @@ def test_decode_rejects_what_is_not_an_id(bad):
         decode(bad)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(time_bits=41, region_bits=3, worker_bits=7, sequence_bits=13),   # sums to 64
-    dict(time_bits=40, region_bits=3, worker_bits=7, sequence_bits=12),   # sums to 62
-    dict(time_bits=20, region_bits=3, worker_bits=28, sequence_bits=12),  # too few time bits
-    dict(time_bits=41, region_bits=3, worker_bits=19, sequence_bits=0),   # no sequence
-    dict(time_bits=41, region_bits=-1, worker_bits=11, sequence_bits=12),
-    dict(epoch_ms=-1),
-    dict(time_bits="41"),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(time_bits=41, region_bits=3, worker_bits=7, sequence_bits=13),  # sums to 64
+        dict(time_bits=40, region_bits=3, worker_bits=7, sequence_bits=12),  # sums to 62
+        dict(time_bits=20, region_bits=3, worker_bits=28, sequence_bits=12),  # too few time bits
+        dict(time_bits=41, region_bits=3, worker_bits=19, sequence_bits=0),  # no sequence
+        dict(time_bits=41, region_bits=-1, worker_bits=11, sequence_bits=12),
+        dict(epoch_ms=-1),
+        dict(time_bits="41"),
+    ],
+)
 def test_invalid_layouts_are_refused_with_a_named_error(kwargs):
     with pytest.raises(ConfigError):
         Layout(**kwargs)

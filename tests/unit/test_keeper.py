@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from fakeclock import FakeClock
+
 from snowfence.errors import EtcdUnavailable, LeaseLost
 from snowfence.ids import DEFAULT_LAYOUT
 from snowfence.workers.lease import Keeper, Lease
@@ -126,8 +126,9 @@ def test_keeper_retries_soon_after_a_failure_and_recovers():
     clock = FakeClock()
     lease = ScriptedLease(clock)
     minter = Minter(DEFAULT_LAYOUT, 0, 1, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
-    keeper = Keeper(lease, minter, interval_s=60.0, fence_after_s=5.0, window_ms=5000, retry_s=0.01,
-                    mono_ns=clock.mono_ns)
+    keeper = Keeper(
+        lease, minter, interval_s=60.0, fence_after_s=5.0, window_ms=5000, retry_s=0.01, mono_ns=clock.mono_ns
+    )
     failures_left = [3]
 
     def flaky_refresh():

@@ -4,10 +4,10 @@ arbitrary clock sequences."""
 from __future__ import annotations
 
 import pytest
+from fakeclock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakeclock import FakeClock
 from snowfence.errors import BadRequest, ClockUnsafe, Fenced, ReservationExpired
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.workers.minter import NEVER_NS, Minter
@@ -288,9 +288,9 @@ def test_start_after_never_lowers():
 
 steps = st.one_of(
     st.tuples(st.just("advance"), st.integers(0, 3)),
-    st.tuples(st.just("step"), st.integers(-60, 60)),          # small and large steps back, jumps forward
-    st.tuples(st.just("jump"), st.integers(1_000, 20_000)),    # big forward jumps
-    st.tuples(st.just("pause"), st.integers(0, 7_000)),        # process paused (ms)
+    st.tuples(st.just("step"), st.integers(-60, 60)),  # small and large steps back, jumps forward
+    st.tuples(st.just("jump"), st.integers(1_000, 20_000)),  # big forward jumps
+    st.tuples(st.just("pause"), st.integers(0, 7_000)),  # process paused (ms)
     st.tuples(st.just("renew"), st.just(0)),
     st.tuples(st.just("extend"), st.integers(0, 6_000)),
     st.tuples(st.just("reserve"), st.integers(1, 4096)),
@@ -304,8 +304,15 @@ steps = st.one_of(
 @given(st.lists(steps, min_size=1, max_size=120), st.integers(0, 40))
 def test_invariants_hold_for_any_clock_sequence(ops, max_step_back_ms):
     clock = FakeClock()
-    m = Minter(LAYOUT, REGION, WORKER, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep,
-               max_step_back_ms=max_step_back_ms)
+    m = Minter(
+        LAYOUT,
+        REGION,
+        WORKER,
+        wall_ns=clock.wall_ns,
+        mono_ns=clock.mono_ns,
+        sleep=clock.sleep,
+        max_step_back_ms=max_step_back_ms,
+    )
     m.fence_deadline_ns = clock.mono_ns() + 5_000_000_000
     m.reserved_until_ms = m.now_ms() + 5_000
     last_id = -1

@@ -27,7 +27,9 @@ def test_reserve_after_round_trip():
 
 def test_wire_bytes_are_big_endian_as_documented():
     assert p.encode_reserve(1, 2) == bytes([1, 1, 0, 0]) + (1).to_bytes(8, "big") + (2).to_bytes(4, "big")
-    assert p.encode_block(1, 2**62, 5) == bytes([1, 0x81, 0, 0]) + (1).to_bytes(8, "big") + (2**62).to_bytes(8, "big") + (5).to_bytes(4, "big")
+    assert p.encode_block(1, 2**62, 5) == bytes([1, 0x81, 0, 0]) + (1).to_bytes(8, "big") + (2**62).to_bytes(
+        8, "big"
+    ) + (5).to_bytes(4, "big")
 
 
 def test_block_and_error_and_status_replies_decode():
@@ -46,22 +48,25 @@ def test_unknown_error_code_keeps_code_and_flag():
     assert isinstance(err, SnowfenceError) and err.code == "brand_new" and err.retriable
 
 
-@pytest.mark.parametrize("body, error, rid", [
-    (b"", BadRequest, 0),
-    (b"\x01", BadRequest, 0),
-    (b"garbage!", UnsupportedVersion, 0),
-    (b"\x02" + p.encode_reserve(5, 1)[1:], UnsupportedVersion, 0),
-    (p.encode_reserve(5, 1)[:-1], BadRequest, 5),
-    (p.encode_reserve(5, 1) + b"x", BadRequest, 5),
-    (struct.pack("!BBHQI", 1, 1, 0, 6, 0), BadRequest, 6),           # count 0
-    (struct.pack("!BBHQI", 1, 1, 0, 6, 4097), BadRequest, 6),        # count > 4096
-    (struct.pack("!BBHQI", 1, 1, 0, 6, 2**32 - 1), BadRequest, 6),   # absurd count
-    (struct.pack("!BBHQI", 1, 1, 0x8000, 6, 1), BadRequest, 6),      # unknown flag
-    (struct.pack("!BBHQ", 1, 0x33, 0, 8), BadRequest, 8),            # unknown type
-    (struct.pack("!BBHQ", 1, p.BLOCK, 0, 8), BadRequest, 8),         # a reply sent as a request
-    (struct.pack("!BBHQ", 1, p.STATUS, 1, 8), BadRequest, 8),        # STATUS with flags
-    (b"\x01" * (p.MAX_REQUEST_BYTES + 1), FrameTooLarge, 0),
-])
+@pytest.mark.parametrize(
+    "body, error, rid",
+    [
+        (b"", BadRequest, 0),
+        (b"\x01", BadRequest, 0),
+        (b"garbage!", UnsupportedVersion, 0),
+        (b"\x02" + p.encode_reserve(5, 1)[1:], UnsupportedVersion, 0),
+        (p.encode_reserve(5, 1)[:-1], BadRequest, 5),
+        (p.encode_reserve(5, 1) + b"x", BadRequest, 5),
+        (struct.pack("!BBHQI", 1, 1, 0, 6, 0), BadRequest, 6),  # count 0
+        (struct.pack("!BBHQI", 1, 1, 0, 6, 4097), BadRequest, 6),  # count > 4096
+        (struct.pack("!BBHQI", 1, 1, 0, 6, 2**32 - 1), BadRequest, 6),  # absurd count
+        (struct.pack("!BBHQI", 1, 1, 0x8000, 6, 1), BadRequest, 6),  # unknown flag
+        (struct.pack("!BBHQ", 1, 0x33, 0, 8), BadRequest, 8),  # unknown type
+        (struct.pack("!BBHQ", 1, p.BLOCK, 0, 8), BadRequest, 8),  # a reply sent as a request
+        (struct.pack("!BBHQ", 1, p.STATUS, 1, 8), BadRequest, 8),  # STATUS with flags
+        (b"\x01" * (p.MAX_REQUEST_BYTES + 1), FrameTooLarge, 0),
+    ],
+)
 def test_malformed_requests_raise_typed_errors_with_the_request_id(body, error, rid):
     with pytest.raises(error) as info:
         p.decode_request(body)

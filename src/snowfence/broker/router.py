@@ -25,8 +25,9 @@ import zmq
 
 from .. import protocol
 from ..config import Config
-from ..errors import BadRequest, ClockUnsafe, Fenced, ReservationExpired, SnowfenceError, Unavailable
+from ..errors import BadRequest, SnowfenceError, Unavailable
 from ..logs import event
+from ..workers.states import refusal_for
 
 log = logging.getLogger("snowfence.broker")
 
@@ -59,8 +60,9 @@ class Link:
 
 
 class Router:
-    def __init__(self, ctx: zmq.Context, config: Config, backend_endpoint: str,
-                 describe_broker: Callable[[], dict] | None = None) -> None:
+    def __init__(
+        self, ctx: zmq.Context, config: Config, backend_endpoint: str, describe_broker: Callable[[], dict] | None = None
+    ) -> None:
         self.config = config
         self.frontend = ctx.socket(zmq.ROUTER)
         self.frontend.setsockopt(zmq.LINGER, 500)
@@ -114,8 +116,13 @@ class Router:
                 while front.rcvmore:
                     front.recv()
                 self.counters["bad_request"] += 1
-                self.to_client(meta, addr, protocol.encode_error(
-                    0, BadRequest("a request is one body frame, optionally after one empty delimiter")))
+                self.to_client(
+                    meta,
+                    addr,
+                    protocol.encode_error(
+                        0, BadRequest("a request is one body frame, optionally after one empty delimiter")
+                    ),
+                )
                 continue
             self.counters["requests"] += 1
             if len(body) == protocol.RESERVE_SIZE and body[0] == protocol.VERSION and body[1] == protocol.RESERVE:
@@ -148,7 +155,9 @@ class Router:
             if link is None:
                 if not self.rotation:
                     self.counters["unavailable"] += 1
-                    self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), self.why_none_ready()))
+                    self.to_client(
+                        meta, addr, protocol.encode_error(protocol.request_id_of(body), self.why_none_ready())
+                    )
                     return True
                 self.pending.append((meta, addr, body))
                 return False
@@ -178,15 +187,10 @@ class Router:
 
     def why_none_ready(self) -> SnowfenceError:
         """The most telling reason no worker is in rotation, as the error to answer with."""
-        states = {h.get("state") for link in self.links.values() for h in link.status.get("held") or ()}
-        if "fenced" in states:
-            return Fenced("every worker is fenced: their lease renewals are failing")
-        if "clock_unsafe" in states:
-            return ClockUnsafe("every worker's wall clock is behind its last minted millisecond")
-        if "reserving" in states:
-            return ReservationExpired("every worker is waiting for its reservation to be extended")
-        reasons = sorted({link.status.get("reason") for link in self.links.values() if link.status.get("reason")})
-        return Unavailable("no worker is ready" + (f" ({'; '.join(reasons)})" if reasons else ""))
+        return refusal_for(
+            (h.get("state") for link in self.links.values() for h in link.status.get("held") or ()),
+            (link.status.get("reason") for link in self.links.values()),
+        )
 
     def unavailable(self, meta: int, addr: bytes, body: bytes, why: str) -> None:
         self.counters["unavailable"] += 1
@@ -257,8 +261,13 @@ class Router:
         now_ns = time.monotonic_ns()
         if link is None:
             link = self.links[ident] = Link(ident, now_ns)
-            event(log, "worker_connected", f"worker slot {status.get('slot')} pid {status.get('pid')} connected",
-                  slot=status.get("slot"), pid=status.get("pid"))
+            event(
+                log,
+                "worker_connected",
+                f"worker slot {status.get('slot')} pid {status.get('pid')} connected",
+                slot=status.get("slot"),
+                pid=status.get("pid"),
+            )
         link.seen_ns = now_ns
         link.status = status
         link.slot = status.get("slot", -1)
@@ -278,8 +287,15 @@ class Router:
             self.rotation.append(link)
         else:
             self.rotation.remove(link)
-        event(log, "rotation", f"worker slot {link.slot} pid {link.pid} {'joins' if ready else 'leaves'} rotation",
-              slot=link.slot, pid=link.pid, in_rotation=ready, workers_in_rotation=len(self.rotation))
+        event(
+            log,
+            "rotation",
+            f"worker slot {link.slot} pid {link.pid} {'joins' if ready else 'leaves'} rotation",
+            slot=link.slot,
+            pid=link.pid,
+            in_rotation=ready,
+            workers_in_rotation=len(self.rotation),
+        )
 
     def forget(self, ident: bytes, why: str) -> None:
         link = self.links.pop(ident, None)
@@ -288,8 +304,13 @@ class Router:
         if link.ready:
             link.ready = False
             self.rotation.remove(link)
-        event(log, "worker_forgotten", f"worker slot {link.slot} pid {link.pid} removed: {why}",
-              slot=link.slot, pid=link.pid)
+        event(
+            log,
+            "worker_forgotten",
+            f"worker slot {link.slot} pid {link.pid} removed: {why}",
+            slot=link.slot,
+            pid=link.pid,
+        )
 
     def forget_pid(self, pid: int, why: str) -> None:
         for ident, link in list(self.links.items()):
@@ -311,8 +332,14 @@ class Router:
                 continue
             if not link.silent and now_ns - link.seen_ns > self._timeout_ns:
                 link.silent = True
-                event(log, "worker_silent", f"worker slot {link.slot} pid {link.pid} is silent; out of rotation",
-                      level=logging.WARNING, slot=link.slot, pid=link.pid)
+                event(
+                    log,
+                    "worker_silent",
+                    f"worker slot {link.slot} pid {link.pid} is silent; out of rotation",
+                    level=logging.WARNING,
+                    slot=link.slot,
+                    pid=link.pid,
+                )
                 self._set_ready(link, False)
                 link.outstanding = 0  # whatever it had queued is lost to its clients' retries
             self.send_worker(ident, protocol.PING_FRAME)
@@ -341,7 +368,7 @@ class Router:
 
     def status(self) -> dict:
         workers = []
-        for link in sorted(self.links.values(), key=lambda l: (l.slot, l.pid)):
+        for link in sorted(self.links.values(), key=lambda link: (link.slot, link.pid)):
             st = link.status
             base = {
                 "slot": link.slot,
@@ -356,8 +383,9 @@ class Router:
             if not held:
                 workers.append({"worker_id": None, "state": "silent" if link.silent else st.get("state"), **base})
             for h in held:
-                workers.append({**h, "worker_id": h.get("worker_id"),
-                                "state": "silent" if link.silent else h.get("state"), **base})
+                workers.append(
+                    {**h, "worker_id": h.get("worker_id"), "state": "silent" if link.silent else h.get("state"), **base}
+                )
         return {
             "version": protocol.VERSION,
             "broker": {**self._describe_broker(), "counters": self.counters, "workers_in_rotation": len(self.rotation)},
@@ -369,4 +397,3 @@ class Router:
     def close(self) -> None:
         self.frontend.close()
         self.backend.close()
-

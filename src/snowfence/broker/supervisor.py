@@ -100,9 +100,15 @@ class Supervisor:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 signal.signal(sig, self._enqueue)
             mode = "embedded" if self.config.embedded else f"etcd cluster {self.config.cluster!r}"
-            event(log, "serving", f"snowfence serving on {self.router.endpoint()} ({mode}, region "
-                  f"{self.config.region}, {len(self.procs)} workers)",
-                  bind=self.router.endpoint(), workers=len(self.procs), mode="embedded" if self.config.embedded else "etcd")
+            event(
+                log,
+                "serving",
+                f"snowfence serving on {self.router.endpoint()} ({mode}, region "
+                f"{self.config.region}, {len(self.procs)} workers)",
+                bind=self.router.endpoint(),
+                workers=len(self.procs),
+                mode="embedded" if self.config.embedded else "etcd",
+            )
             for proc in self.procs:
                 self.spawn(proc)
             self.loop(wake_r)
@@ -214,11 +220,23 @@ class Supervisor:
         proc.started_ns = time.monotonic_ns()
         proc.restart_at_ns = None
         if proc.restarts:
-            event(log, "restarted", f"worker slot {proc.slot} restarted as pid {popen.pid}",
-                  slot=proc.slot, pid=popen.pid, restarts=proc.restarts)
+            event(
+                log,
+                "restarted",
+                f"worker slot {proc.slot} restarted as pid {popen.pid}",
+                slot=proc.slot,
+                pid=popen.pid,
+                restarts=proc.restarts,
+            )
         else:
-            event(log, "spawned", f"worker slot {proc.slot} started as pid {popen.pid}", level=logging.DEBUG,
-                  slot=proc.slot, pid=popen.pid)
+            event(
+                log,
+                "spawned",
+                f"worker slot {proc.slot} started as pid {popen.pid}",
+                level=logging.DEBUG,
+                slot=proc.slot,
+                pid=popen.pid,
+            )
 
     def reap(self) -> None:
         for proc in self.procs:
@@ -233,7 +251,8 @@ class Supervisor:
             if status in HALT:
                 self.begin_stop(
                     f"worker slot {proc.slot} cannot boot ({Exit(status).name}, see its log above); halting",
-                    exit_code=status)
+                    exit_code=status,
+                )
                 continue
             ran_s = (time.monotonic_ns() - proc.started_ns) / 1e9
             if ran_s >= STABLE_AFTER_S:
@@ -243,9 +262,15 @@ class Supervisor:
             proc.restart_at_ns = time.monotonic_ns() + int(delay * 1e9)
             proc.restarts += 1
             how = f"signal {signal.Signals(-status).name}" if status < 0 else f"status {status}"
-            event(log, "worker_exited", f"worker slot {proc.slot} exited with {how} after {ran_s:.1f} s; "
-                  f"restarting in {delay:.2f} s", level=logging.WARNING,
-                  slot=proc.slot, exit_status=status, restart_in_s=delay)
+            event(
+                log,
+                "worker_exited",
+                f"worker slot {proc.slot} exited with {how} after {ran_s:.1f} s; restarting in {delay:.2f} s",
+                level=logging.WARNING,
+                slot=proc.slot,
+                exit_status=status,
+                restart_in_s=delay,
+            )
 
     def _forget(self, proc: Proc) -> None:
         if proc.popen is not None and self.router is not None:
@@ -266,9 +291,15 @@ class Supervisor:
             "state": "stopping" if self.stopping else "serving",
             "uptime_s": round((time.monotonic_ns() - self.started_ns) / 1e9, 3),
             "slots": [
-                {"slot": p.slot, "pid": p.pid, "restarts": p.restarts, "last_exit": p.last_exit,
-                 "restart_in_s": None if p.restart_at_ns is None or p.popen is not None
-                 else round(max(0, p.restart_at_ns - time.monotonic_ns()) / 1e9, 3)}
+                {
+                    "slot": p.slot,
+                    "pid": p.pid,
+                    "restarts": p.restarts,
+                    "last_exit": p.last_exit,
+                    "restart_in_s": None
+                    if p.restart_at_ns is None or p.popen is not None
+                    else round(max(0, p.restart_at_ns - time.monotonic_ns()) / 1e9, 3),
+                }
                 for p in self.procs
             ],
         }

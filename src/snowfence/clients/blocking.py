@@ -97,7 +97,7 @@ class Client:
                 self._sock.close(linger=0)
                 self._sock = None
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -169,7 +169,9 @@ class Client:
                 if expired:
                     core.abandon(expired)
                     for p in expired:
-                        if not job.on_lost(p.count, Timeout(f"no reply from {self.endpoint} within {self.timeout_s} s")):
+                        if not job.on_lost(
+                            p.count, Timeout(f"no reply from {self.endpoint} within {self.timeout_s} s")
+                        ):
                             raise job.last_error
                     self._requeue_and_reset(job, mine())
                 elif backoff:

@@ -91,7 +91,9 @@ class Core:
         self._ids = itertools.count(random.getrandbits(40) + 1)
         self.inflight: dict[int, Pending] = {}
 
-    def reserve(self, count: int, deadline_ns: int, job: object = None, after: int | None = None) -> tuple[Pending, bytes]:
+    def reserve(
+        self, count: int, deadline_ns: int, job: object = None, after: int | None = None
+    ) -> tuple[Pending, bytes]:
         rid = next(self._ids)
         pending = Pending(rid, protocol.RESERVE, count, deadline_ns, job)
         self.inflight[rid] = pending

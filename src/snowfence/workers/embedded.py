@@ -48,7 +48,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 class FileLease(Lease):
     """A worker ID held by an flock on its lock file."""
 
-    def __init__(self, store: "FileStore", fd: int, worker_id: int, token: int, mark_ms: int, holder: str) -> None:
+    def __init__(self, store: FileStore, fd: int, worker_id: int, token: int, mark_ms: int, holder: str) -> None:
         super().__init__(store.region, worker_id, token, mark_ms)
         self._store = store
         self._fd = fd
@@ -135,7 +135,9 @@ class FileStore(Store):
             return 0, 0
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             # A mark we cannot read could hide a later timestamp; never guess.
-            raise StateDirError(f"mark file {mark_path} is unreadable ({exc}); refusing to use worker ID {worker_id}") from None
+            raise StateDirError(
+                f"mark file {mark_path} is unreadable ({exc}); refusing to use worker ID {worker_id}"
+            ) from None
 
     def write_mark(self, worker_id: int, mark_ms: int, token: int, holder: str) -> None:
         _, mark_path = self._paths(worker_id)

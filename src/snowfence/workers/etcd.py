@@ -76,8 +76,9 @@ class EtcdLease(Lease):
 
     expires = True
 
-    def __init__(self, store: "EtcdStore", lease_id: int, worker_id: int, token: int, mark_ms: int,
-                 ttl_s: int, holder: str) -> None:
+    def __init__(
+        self, store: EtcdStore, lease_id: int, worker_id: int, token: int, mark_ms: int, ttl_s: int, holder: str
+    ) -> None:
         super().__init__(store.region, worker_id, token, mark_ms)
         self._store = store
         self.lease_id = lease_id
@@ -91,12 +92,14 @@ class EtcdLease(Lease):
         return self._store.client.transactions.create(self.claim_key) == self.token
 
     def _mark_value(self, mark_ms: int) -> bytes:
-        return orjson.dumps({
-            "reserved_until_ms": mark_ms,
-            "reserved_until_unix_ms": mark_ms + self._store.layout.epoch_ms,
-            "token": self.token,
-            "holder": self.holder,
-        })
+        return orjson.dumps(
+            {
+                "reserved_until_ms": mark_ms,
+                "reserved_until_unix_ms": mark_ms + self._store.layout.epoch_ms,
+                "token": self.token,
+                "holder": self.holder,
+            }
+        )
 
     @_etcd_call
     def refresh(self) -> None:
@@ -148,8 +151,7 @@ class EtcdLease(Lease):
         return round(self.ttl_s - (time.monotonic_ns() - self._ttl_at_ns) / 1e9, 3)
 
     def describe(self) -> dict:
-        return {**super().describe(), "store": "etcd", "lease_id": f"{self.lease_id:x}",
-                "lease_ttl_s": self.ttl_s}
+        return {**super().describe(), "store": "etcd", "lease_id": f"{self.lease_id:x}", "lease_ttl_s": self.ttl_s}
 
 
 class EtcdStore(Store):
@@ -185,6 +187,7 @@ class EtcdStore(Store):
         creds = None
         if self.config.etcd_ca:
             try:
+
                 def read(path):
                     with open(path, "rb") as f:
                         return f.read()
@@ -196,8 +199,10 @@ class EtcdStore(Store):
                 )
             except OSError as exc:
                 raise ConfigError(f"cannot read etcd TLS files: {exc}") from None
-        endpoints = [Endpoint(host, port, secure=secure, creds=creds if secure else None, time_retry=0.5)
-                     for host, port, secure in self.endpoints]
+        endpoints = [
+            Endpoint(host, port, secure=secure, creds=creds if secure else None, time_retry=0.5)
+            for host, port, secure in self.endpoints
+        ]
         random.shuffle(endpoints)  # spread the nodes of a cluster over its members
         return MultiEndpointEtcd3Client(
             endpoints=endpoints,
@@ -268,7 +273,9 @@ class EtcdStore(Store):
         try:
             recorded = Layout.from_dict(orjson.loads(responses[0][0][0]))
         except (IndexError, orjson.JSONDecodeError, TypeError, ValueError, SnowfenceError) as exc:
-            raise LayoutMismatch(f"the layout recorded for cluster {self.config.cluster!r} is unreadable: {exc}") from None
+            raise LayoutMismatch(
+                f"the layout recorded for cluster {self.config.cluster!r} is unreadable: {exc}"
+            ) from None
         if recorded != layout:
             raise LayoutMismatch(
                 f"cluster {self.config.cluster!r} uses layout [{recorded.describe()}] but this node is "
@@ -328,7 +335,11 @@ class EtcdStore(Store):
         claim_key, mark_key = self.claim_key(worker_id), self.mark_key(worker_id)
         ok, responses = client.transaction(
             compare=[tx.create(claim_key) == 0],
-            success=[tx.put(claim_key, orjson.dumps({"holder": holder}), lease_id), tx.get(claim_key), tx.get(mark_key)],
+            success=[
+                tx.put(claim_key, orjson.dumps({"holder": holder}), lease_id),
+                tx.get(claim_key),
+                tx.get(mark_key),
+            ],
             failure=[],
         )
         if not ok:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from ..errors import LeaseLost, SnowfenceError, StateDirError
 from ..ids import Layout
-from ..logs import event
 from .minter import NEVER_NS, Minter
 
 log = logging.getLogger("snowfence.lease")
@@ -72,7 +71,7 @@ class Lease:
             "reserved_until_ms": self.reserved_until_ms,
         }
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -220,16 +219,19 @@ class Keeper(threading.Thread):
                 return
             except SnowfenceError as exc:
                 self.failures += 1
-                self._on_event("renewal_failed", {"worker_id": self.lease.worker_id, "reason": str(exc),
-                                                  "failures": self.failures})
+                self._on_event(
+                    "renewal_failed", {"worker_id": self.lease.worker_id, "reason": str(exc), "failures": self.failures}
+                )
                 self._sleep(backoff)
                 backoff = min(backoff * 2, self.interval_s / 2)
                 continue
             except Exception as exc:  # a bug must not silently stop renewals: log, retry
                 self.failures += 1
                 log.exception("lease keeper for worker %d failed", self.lease.worker_id)
-                self._on_event("renewal_failed", {"worker_id": self.lease.worker_id, "reason": repr(exc),
-                                                  "failures": self.failures})
+                self._on_event(
+                    "renewal_failed",
+                    {"worker_id": self.lease.worker_id, "reason": repr(exc), "failures": self.failures},
+                )
                 self._sleep(backoff)
                 backoff = min(backoff * 2, self.interval_s / 2)
                 continue

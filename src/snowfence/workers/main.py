@@ -36,13 +36,21 @@ import zmq
 from .. import protocol
 from ..config import Config
 from ..errors import (
-    BadRequest, ClockUnsafe, ConfigError, Fenced, Refused, ReservationExpired, SnowfenceError, StateDirError,
-    Unavailable,
+    BadRequest,
+    ClockUnsafe,
+    ConfigError,
+    Fenced,
+    Refused,
+    ReservationExpired,
+    SnowfenceError,
+    StateDirError,
 )
-from ..logs import event, setup as setup_logs
+from ..logs import event
+from ..logs import setup as setup_logs
 from .exits import Exit
 from .lease import Keeper, Lease, PreferenceFile, Store
 from .minter import Minter
+from .states import refusal_for
 
 log = logging.getLogger("snowfence.worker")
 
@@ -237,12 +245,7 @@ class Worker:
         self.sock.send(protocol.encode_refused(meta, addr, body, protocol.encode_error(request.request_id, error)))
 
     def not_ready_error(self) -> SnowfenceError:
-        states = {h.state for h in self.held}
-        if "fenced" in states:
-            return Fenced("this worker is fenced: its lease renewals are failing")
-        if "clock_unsafe" in states:
-            return ClockUnsafe("this worker's wall clock is behind its last minted millisecond")
-        return Unavailable(f"this worker is not ready: {self.reason}")
+        return refusal_for((h.state for h in self.held), (self.reason,))
 
     def on_refused(self, held: Held, err: Refused) -> None:
         if isinstance(err, ReservationExpired):
@@ -264,8 +267,15 @@ class Worker:
         name = {"fenced": "fenced", "clock_unsafe": "clock_unsafe", "reserving": "reservation_expired"}.get(state)
         if name is None:
             name = "rejoined" if state == "ready" and old != "waiting" else f"state_{state}"
-        event(log, name, reason or f"worker ID {held.lease.worker_id}: {old} -> {state}", level=level,
-              worker_id=held.lease.worker_id, old=old, new=state)
+        event(
+            log,
+            name,
+            reason or f"worker ID {held.lease.worker_id}: {old} -> {state}",
+            level=level,
+            worker_id=held.lease.worker_id,
+            old=old,
+            new=state,
+        )
         self.ready = [h for h in self.held if h.state == "ready"]
         self._state_dirty = True
 
@@ -304,7 +314,11 @@ class Worker:
         fenced = now_ns > minter.fence_deadline_ns
         state = held.state
         if state == "waiting":
-            if not fenced and minter.reserved_until_ms > minter.now_ms() and minter.now_ms() > held.lease.claimed_mark_ms:
+            if (
+                not fenced
+                and minter.reserved_until_ms > minter.now_ms()
+                and minter.now_ms() > held.lease.claimed_mark_ms
+            ):
                 self._set_state(held, "ready", f"worker ID {held.lease.worker_id} is ready")
             return
         if fenced:
@@ -353,9 +367,7 @@ class Worker:
             if not self.layout_checked:
                 self.store.check_layout(self.layout)
                 self.layout_checked = True
-            lease = self.store.claim(
-                self.preferences[index].read(), self.holder, now_ms, max_ahead_ms=window_ms + 2000
-            )
+            lease = self.store.claim(self.preferences[index].read(), self.holder, now_ms, max_ahead_ms=window_ms + 2000)
         except ConfigError as exc:
             self.boot_failed(exc)
             return
@@ -376,12 +388,16 @@ class Worker:
             return
         self._claim_backoff_s = CLAIM_BACKOFF_MIN_S
         minter = Minter(
-            self.layout, self.config.region, lease.worker_id,
-            max_step_back_ms=self.config.max_step_back_ms, on_step_back=self._on_step_back,
+            self.layout,
+            self.config.region,
+            lease.worker_id,
+            max_step_back_ms=self.config.max_step_back_ms,
+            on_step_back=self._on_step_back,
         )
         minter.start_after(lease.claimed_mark_ms)
         keeper = Keeper(
-            lease, minter,
+            lease,
+            minter,
             interval_s=self.config.keepalive_interval_s,
             fence_after_s=self.config.fence_after_s,
             window_ms=window_ms,
@@ -392,20 +408,36 @@ class Worker:
         self.preferences[index].write(lease.worker_id)
         ahead_ms = lease.claimed_mark_ms - now_ms
         self.reason = f"holding worker ID {lease.worker_id}"
-        event(log, "claimed", f"claimed worker ID {lease.worker_id} (token {lease.token})",
-              worker_id=lease.worker_id, token=lease.token, mark_ahead_ms=max(ahead_ms, 0))
+        event(
+            log,
+            "claimed",
+            f"claimed worker ID {lease.worker_id} (token {lease.token})",
+            worker_id=lease.worker_id,
+            token=lease.token,
+            mark_ahead_ms=max(ahead_ms, 0),
+        )
         if ahead_ms > window_ms + 1000:
-            event(log, "clock_behind_mark",
-                  f"wall clock is {ahead_ms} ms behind the high-water mark of worker ID {lease.worker_id}; "
-                  "waiting for it to pass (was the clock set back?)", level=logging.WARNING,
-                  worker_id=lease.worker_id, behind_ms=ahead_ms)
+            event(
+                log,
+                "clock_behind_mark",
+                f"wall clock is {ahead_ms} ms behind the high-water mark of worker ID {lease.worker_id}; "
+                "waiting for it to pass (was the clock set back?)",
+                level=logging.WARNING,
+                worker_id=lease.worker_id,
+                behind_ms=ahead_ms,
+            )
         keeper.start()
         self._state_dirty = True
 
     def _on_step_back(self, back_ms: int, refused: bool) -> None:
         if refused:
-            event(log, "clock_step_back", f"wall clock stepped back {back_ms} ms; refusing",
-                  level=logging.ERROR, step_back_ms=back_ms)
+            event(
+                log,
+                "clock_step_back",
+                f"wall clock stepped back {back_ms} ms; refusing",
+                level=logging.ERROR,
+                step_back_ms=back_ms,
+            )
 
     def _drop(self, held: Held, why: str) -> None:
         """Forget a lost lease: no release (it is not ours), then claim again."""
@@ -414,8 +446,13 @@ class Worker:
         self.held.remove(held)
         self.ready = [h for h in self.held if h.state == "ready"]
         self.reason = why
-        event(log, "reclaiming", f"{why}; claiming a worker ID again", level=logging.WARNING,
-              worker_id=held.lease.worker_id)
+        event(
+            log,
+            "reclaiming",
+            f"{why}; claiming a worker ID again",
+            level=logging.WARNING,
+            worker_id=held.lease.worker_id,
+        )
         self._next_claim_ns = time.monotonic_ns() + int(CLAIM_BACKOFF_MIN_S * 1e9)
         self._state_dirty = True
 
@@ -427,13 +464,23 @@ class Worker:
             try:
                 if held.keeper.lost is None:
                     held.lease.release(held.minter.last_ms)
-                    event(log, "released", f"released worker ID {held.lease.worker_id}",
-                          worker_id=held.lease.worker_id, mark_ms=held.lease.reserved_until_ms)
+                    event(
+                        log,
+                        "released",
+                        f"released worker ID {held.lease.worker_id}",
+                        worker_id=held.lease.worker_id,
+                        mark_ms=held.lease.reserved_until_ms,
+                    )
                 else:
                     held.lease.abandon()
             except SnowfenceError as exc:
-                event(log, "release_failed", f"could not release worker ID {held.lease.worker_id}: {exc}",
-                      level=logging.WARNING, worker_id=held.lease.worker_id)
+                event(
+                    log,
+                    "release_failed",
+                    f"could not release worker ID {held.lease.worker_id}: {exc}",
+                    level=logging.WARNING,
+                    worker_id=held.lease.worker_id,
+                )
                 held.lease.abandon()
         self.held = []
         self.ready = []

@@ -38,9 +38,25 @@ class Minter:
     """Mints blocks for one worker ID. Not thread-safe: one caller at a time."""
 
     __slots__ = (
-        "layout", "region", "worker_id", "last_ms", "seq", "fence_deadline_ns", "reserved_until_ms",
-        "clock_unsafe", "max_step_back_ms", "on_step_back", "waits",
-        "_wall_ns", "_mono_ns", "_sleep", "_epoch_ms", "_time_shift", "_base", "_max_seq", "_span",
+        "layout",
+        "region",
+        "worker_id",
+        "last_ms",
+        "seq",
+        "fence_deadline_ns",
+        "reserved_until_ms",
+        "clock_unsafe",
+        "max_step_back_ms",
+        "on_step_back",
+        "waits",
+        "_wall_ns",
+        "_mono_ns",
+        "_sleep",
+        "_epoch_ms",
+        "_time_shift",
+        "_base",
+        "_max_seq",
+        "_span",
     )
 
     def __init__(
@@ -124,9 +140,7 @@ class Minter:
         else:
             now, seq = self._wait_for_millisecond(now)
         if now > self.reserved_until_ms:
-            raise ReservationExpired(
-                f"millisecond {now} is past the persisted reservation {self.reserved_until_ms}"
-            )
+            raise ReservationExpired(f"millisecond {now} is past the persisted reservation {self.reserved_until_ms}")
         count = self._span - seq
         if n < count:
             count = n
