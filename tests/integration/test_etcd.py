@@ -178,13 +178,15 @@ def test_leader_of_a_3_member_cluster_killed_under_load_no_worker_fences(nodes, 
     assert new_leader is not leader
     for c in clients:
         c.wait(30)
-        got, errors = map(int, c.stdout.read().split())
-        assert errors == 0 and got > 0
+        out = c.stdout.read()
+        got, errors = map(int, out.split())
+        assert errors == 0 and got > 0, f"client: {out}\n{node.log_tail()}"
     figures = check_blocks([read_pairs(o) for o in outs])
     assert figures["ids"] > 100_000
     log = node.log()
-    assert "event=fenced" not in log, "a keep-alive must ride over the election"
-    assert all(w["state"] == "ready" for w in node.status()["workers"])
+    assert "event=fenced" not in log, f"a keep-alive must ride over the election:\n{node.log_tail()}"
+    states = [w["state"] for w in node.status()["workers"]]
+    assert states == ["ready", "ready"], f"{states}\n{node.log_tail()}"
 
 
 def test_a_foreign_layout_is_refused(nodes, etcd):
