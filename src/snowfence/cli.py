@@ -4,6 +4,7 @@ snowfence serve [--bind EP] [--workers N] [--region R] [--state-dir DIR] [--conf
 snowfence reserve N [--connect EP[,EP...]] [--json]
 snowfence decode ID... [--json]
 snowfence status [--connect EP[,EP...]] [--json]
+snowfence bench [--connect EP] [--duration S] [--batch N] [--clients C] [--depth D] [--rate R] [--json]
 """
 
 from __future__ import annotations
@@ -93,6 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--json", action="store_true", help="One JSON object per line.")
     _add_config_flags(decode, LAYOUT_FIELDS)
 
+    bench = sub.add_parser("bench", help="Load a running deployment and report IDs/s, requests/s and latency.")
+    _connect_arg(bench)
+    bench.add_argument("--duration", type=float, default=10.0, metavar="S", help="Seconds measured (default 10).")
+    bench.add_argument("--warmup", type=float, default=1.0, metavar="S", help="Seconds before measuring (default 1).")
+    bench.add_argument("--batch", type=int, default=4096, metavar="N", help="IDs per request (default 4096).")
+    bench.add_argument("--clients", type=int, default=4, metavar="C", help="Client processes (default 4).")
+    bench.add_argument("--depth", type=int, default=16, metavar="D", help="Requests in flight per client (default 16).")
+    bench.add_argument("--rate", type=float, default=0.0, metavar="R",
+                       help="Offered requests/s in total, on a fixed schedule (default: as fast as answered).")
+    bench.add_argument("--no-check", dest="check", action="store_false",
+                       help="Skip the uniqueness and time-window check of every ID received.")
+    bench.add_argument("--json", action="store_true", help="Print the results as JSON.")
+    bench.add_argument("--plot", metavar="FILE.png", help="Plot latency distribution and throughput (needs matplotlib).")
+
     status = sub.add_parser("status", help="Show a node's workers: worker ID, state, lease, reservation.")
     _connect_arg(status)
     status.add_argument("--json", action="store_true", help="Print the status as JSON.")
@@ -169,6 +184,19 @@ def cmd_decode(args: argparse.Namespace) -> int:
                 f"worker={fields.worker} sequence={fields.sequence}"
             )
     return status
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    if not 1 <= args.batch <= 4096 or args.clients < 1 or args.depth < 1 or args.duration <= 0:
+        raise ConfigError("need 1 <= --batch <= 4096, --clients >= 1, --depth >= 1, --duration > 0")
+    spec = bench.BenchSpec(
+        endpoints=[ep.strip() for ep in args.connect.split(",") if ep.strip()],
+        duration_s=args.duration, warmup_s=args.warmup, batch=args.batch, clients=args.clients,
+        depth=args.depth, rate=args.rate, check=args.check, timeout_s=args.timeout,
+    )
+    return bench.main(spec, args.json, args.plot)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -110,6 +110,15 @@ def encode_reserve(request_id: int, count: int, after: int | None = None) -> byt
     return _RESERVE_AFTER.pack(VERSION, RESERVE, FLAG_AFTER, request_id, count, after)
 
 
+def unpack_block(body: bytes) -> tuple[int, int, int]:
+    """``(request_id, first, count)`` of a BLOCK reply, for hot loops; raises
+    ``struct.error`` or ``ValueError`` for anything else (then use :func:`decode_reply`)."""
+    version, type_, _, request_id, first, count = _BLOCK.unpack(body)
+    if version != VERSION or type_ != BLOCK:
+        raise ValueError("not a BLOCK reply")
+    return request_id, first, count
+
+
 def encode_status(request_id: int) -> bytes:
     return HEADER.pack(VERSION, STATUS, 0, request_id)
 

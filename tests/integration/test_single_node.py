@@ -471,3 +471,18 @@ def test_env_settings_reach_the_node(nodes):
     with node.client() as c:
         (block,) = c.reserve(1)
     assert L.decompose(block.first).region == 3
+
+
+def test_a_worker_process_can_mint_from_several_worker_ids_in_turn(nodes):
+    node = nodes.start(workers=2, args=("--ids-per-worker", "3"))
+    node.wait_ready(6)
+    entries = node.status()["workers"]
+    assert len({w["worker_id"] for w in entries}) == 6 and len({w["pid"] for w in entries}) == 2
+    with node.client(window=64) as c:
+        blocks = c.reserve(4096 * 300)
+    check_blocks([[(b.first, b.count) for b in blocks]])
+    per_ms: dict[int, int] = {}
+    for b in blocks:
+        per_ms[L.ms_of(b.first)] = per_ms.get(L.ms_of(b.first), 0) + b.count
+    assert len({L.decompose(b.first).worker for b in blocks}) == 6
+    assert max(per_ms.values()) > 2 * 4096, "more than one full block per millisecond per process"

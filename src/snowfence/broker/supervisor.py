@@ -57,9 +57,8 @@ class Proc:
 
 
 class Supervisor:
-    def __init__(self, config: Config, ids_per_worker: int = 1) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
-        self.ids_per_worker = ids_per_worker
         self.procs = [Proc(slot) for slot in range(config.worker_count)]
         self.signals: list[int] = []
         self.stopping = False
@@ -204,7 +203,6 @@ class Supervisor:
             "slot": proc.slot,
             "backend": f"ipc://{self.rundir}/backend",
             "broker_pid": os.getpid(),
-            "ids": self.ids_per_worker,
         }
         popen = subprocess.Popen(
             [sys.executable, "-m", "snowfence.workers.main"],
@@ -305,6 +303,6 @@ class Supervisor:
         }
 
 
-def serve(config: Config, ids_per_worker: int = 1) -> int:
+def serve(config: Config) -> int:
     """Run a node until SIGTERM/SIGINT; the exit status of the broker."""
-    return Supervisor(config, ids_per_worker).run()
+    return Supervisor(config).run()

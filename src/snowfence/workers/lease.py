@@ -132,8 +132,8 @@ class Store:
 class PreferenceFile:
     """The worker ID a worker slot held last, so a restart asks for it again."""
 
-    def __init__(self, state_dir: str | os.PathLike, namespace: str, slot: int) -> None:
-        self.path = Path(state_dir) / "last-worker-id" / namespace / f"slot-{slot}"
+    def __init__(self, state_dir: str | os.PathLike, namespace: str, name: str) -> None:
+        self.path = Path(state_dir) / "last-worker-id" / namespace / name
 
     def read(self) -> int | None:
         try:

@@ -103,12 +103,12 @@ class Held:
 class Worker:
     """One worker process. ``run()`` returns its exit status."""
 
-    def __init__(self, config: Config, slot: int, backend: str, broker_pid: int, ids: int = 1) -> None:
+    def __init__(self, config: Config, slot: int, backend: str, broker_pid: int) -> None:
         self.config = config
         self.slot = slot
         self.backend = backend
         self.broker_pid = broker_pid
-        self.ids_wanted = ids
+        self.ids_wanted = config.ids_per_worker
         self.layout = config.layout
         self.pid = os.getpid()
         self.holder = f"{socket.gethostname()}:{self.pid}:slot{slot}"
@@ -129,7 +129,10 @@ class Worker:
         self._last_tick_ns = self._broker_seen_ns
         self.counters = {"requests": 0, "ids": 0, "refused": {}, "bad_request": 0}
         namespace = f"embedded-r{config.region}" if config.embedded else f"etcd-{config.cluster}-r{config.region}"
-        self.preferences = [PreferenceFile(config.state_dir, namespace, slot * 64 + i) for i in range(ids)]
+        self.preferences = [
+            PreferenceFile(config.state_dir, namespace, f"slot-{slot}" + (f"-{i}" if i else ""))
+            for i in range(self.ids_wanted)
+        ]
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, f"w{slot}-{self.pid}".encode())
@@ -301,8 +304,9 @@ class Worker:
             return
         for held in list(self.held):
             self._advance(held, now_ns)
-        if len(self.held) < self.ids_wanted and now_ns >= self._next_claim_ns:
-            self.claim()
+        while len(self.held) < self.ids_wanted and now_ns >= self._next_claim_ns and not self.stopping:
+            if not self.claim():
+                break
         if self._state_dirty or now_ns >= self._next_heartbeat_ns:
             self._send_state()
 
@@ -359,7 +363,8 @@ class Worker:
 
     # -- leases -------------------------------------------------------------------------
 
-    def claim(self) -> None:
+    def claim(self) -> bool:
+        """Try to claim one more worker ID; False (and a back-off) if none could be."""
         index = len(self.held)
         now_ms = time.time_ns() // 1_000_000 - self.layout.epoch_ms
         window_ms = int(self.config.reservation_window_s * 1000)
@@ -370,7 +375,7 @@ class Worker:
             lease = self.store.claim(self.preferences[index].read(), self.holder, now_ms, max_ahead_ms=window_ms + 2000)
         except ConfigError as exc:
             self.boot_failed(exc)
-            return
+            return False
         except SnowfenceError as exc:
             lease, why = None, str(exc)
         else:
@@ -385,7 +390,7 @@ class Worker:
             cap = min(CLAIM_BACKOFF_MAX_S, self.config.lease_ttl_s / 2)
             self._claim_backoff_s = min(self._claim_backoff_s * 2, cap)
             self._state_dirty = True
-            return
+            return False
         self._claim_backoff_s = CLAIM_BACKOFF_MIN_S
         minter = Minter(
             self.layout,
@@ -428,6 +433,7 @@ class Worker:
             )
         keeper.start()
         self._state_dirty = True
+        return True
 
     def _on_step_back(self, back_ms: int, refused: bool) -> None:
         if refused:
@@ -506,7 +512,7 @@ def main() -> int:
     # with microsecond rather than the default 50 us timer slack.
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     _prctl(PR_SET_TIMERSLACK, 1)
-    worker = Worker(config, spec["slot"], spec["backend"], spec["broker_pid"], spec.get("ids", 1))
+    worker = Worker(config, spec["slot"], spec["backend"], spec["broker_pid"])
     try:
         return worker.run()
     except Exception:

@@ -1,0 +1,335 @@
+"""``snowfence bench``: load a running deployment and report what it delivered.
+
+Several client processes (not threads: the GIL would measure itself) each keep
+``depth`` RESERVE requests of ``batch`` IDs in flight on their own DEALER
+socket, for ``duration`` seconds after a warm-up. With ``rate`` they send on a
+fixed schedule instead (open loop) and latency counts from the scheduled time,
+so a stall shows up in the numbers rather than slowing the load down.
+
+Every acknowledged block is kept and, at the end, checked: all IDs unique, and
+each block stamped within the wall-clock time of its own request.
+"""
+
+from __future__ import annotations
+
+import array
+import multiprocessing
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from . import protocol
+from .errors import SnowfenceError
+
+PROGRESS_INTERVAL_S = 0.25
+DRAIN_S = 2.0
+
+
+@dataclass
+class BenchSpec:
+    endpoints: list[str]
+    duration_s: float = 10.0
+    batch: int = protocol.MAX_BLOCK
+    clients: int = 4
+    depth: int = 16
+    rate: float = 0.0  # total requests/s; 0 means closed loop
+    warmup_s: float = 1.0
+    check: bool = True
+    timeout_s: float = 5.0
+    layout: dict = field(default_factory=dict)
+
+
+def _percentile(sorted_values, q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[index]
+
+
+def _client_main(conn, spec_dict: dict, index: int) -> None:
+    """One load-generating process. Talks to the parent over ``conn``."""
+    import zmq
+
+    spec = BenchSpec(**spec_dict)
+    time_shift = spec.layout["sequence_bits"] + spec.layout["worker_bits"] + spec.layout["region_bits"]
+    epoch_ms = spec.layout["epoch_ms"]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.connect(spec.endpoints[index % len(spec.endpoints)])
+    conn.send("ready")
+    start_ns, measure_ns, end_ns = conn.recv()
+
+    mono, wall = time.monotonic_ns, time.time_ns
+    encode, unpack = protocol.encode_reserve, protocol.unpack_block
+    batch, depth, check = spec.batch, spec.depth, spec.check
+    interval_ns = int(1e9 * spec.clients / spec.rate) if spec.rate else 0
+    latencies = array.array("q")
+    blocks = array.array("q")
+    errors: Counter = Counter()
+    outside = ids = requests = 0
+    inflight: dict[int, tuple[int, int]] = {}
+    rid = index << 40
+    progress_ids = progress_reqs = 0
+    next_progress = start_ns + int(PROGRESS_INTERVAL_S * 1e9)
+    next_send = start_ns
+    while mono() < start_ns:
+        time.sleep(0.0005)
+    drain_until = end_ns + int(DRAIN_S * 1e9)
+    while True:
+        now = mono()
+        sending = now < end_ns
+        if not sending and (not inflight or now > drain_until):
+            break
+        if sending:
+            if interval_ns:
+                while next_send <= now and len(inflight) < depth:
+                    rid += 1
+                    sock.send(encode(rid, batch))
+                    inflight[rid] = (next_send, wall() // 1_000_000)
+                    next_send += interval_ns
+            else:
+                while len(inflight) < depth:
+                    rid += 1
+                    sock.send(encode(rid, batch))
+                    inflight[rid] = (mono(), wall() // 1_000_000)
+        if interval_ns and sending:
+            wait_ms = max(0, (next_send - mono()) // 1_000_000)
+        else:
+            wait_ms = 100
+        if sock.poll(wait_ms, zmq.POLLIN):
+            for _ in range(1000):
+                try:
+                    body = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                got_ns = mono()
+                try:
+                    request_id, first, count = unpack(body)
+                except (ValueError, Exception):
+                    try:
+                        reply = protocol.decode_reply(body)
+                    except SnowfenceError:
+                        errors["garbled_reply"] += 1
+                        continue
+                    sent = inflight.pop(reply.request_id, None)
+                    if sent is not None and sent[0] >= measure_ns:
+                        errors[reply.error.code if reply.error else f"type_{reply.type}"] += 1
+                    continue
+                sent = inflight.pop(request_id, None)
+                if sent is None:
+                    continue
+                if sent[0] < measure_ns or sent[0] >= end_ns:
+                    continue
+                latencies.append(got_ns - sent[0])
+                ids += count
+                requests += 1
+                progress_ids += count
+                progress_reqs += 1
+                if check:
+                    blocks.append(first)
+                    blocks.append(count)
+                    unix_ms = (first >> time_shift) + epoch_ms
+                    if not sent[1] <= unix_ms <= wall() // 1_000_000:
+                        outside += 1
+        if now >= next_progress:
+            conn.send(("progress", now, progress_ids, progress_reqs, sum(errors.values())))
+            progress_ids = progress_reqs = 0
+            next_progress = now + int(PROGRESS_INTERVAL_S * 1e9)
+    conn.send(("progress", mono(), progress_ids, progress_reqs, sum(errors.values())))
+    conn.send(("done", {
+        "ids": ids, "requests": requests, "errors": dict(errors), "outside_window": outside,
+        "latencies": latencies.tobytes(), "blocks": blocks.tobytes(), "lost": len(inflight),
+    }))
+    sock.close(0)
+    ctx.term()
+
+
+def check_unique(pairs: list[tuple[int, int]]) -> tuple[int, int]:
+    """``(ids checked, overlapping blocks)`` for blocks given as (first, count)."""
+    pairs.sort()
+    overlaps = 0
+    last_end = -1
+    total = 0
+    for first, count in pairs:
+        if first <= last_end:
+            overlaps += 1
+        last_end = max(last_end, first + count - 1)
+        total += count
+    return total, overlaps
+
+
+def run(spec: BenchSpec, progress=None) -> dict:
+    """Run the benchmark and return the results (see ``--json``)."""
+    from .clients import Client
+
+    with Client(spec.endpoints, timeout_s=spec.timeout_s, retries=2) as client:
+        status = client.status()
+    spec.layout = status["layout"]
+    worker_ids = sum(1 for w in status["workers"] if w.get("in_rotation"))
+    ceiling = worker_ids * (1 << spec.layout["sequence_bits"]) * 1000
+
+    mp = multiprocessing.get_context("spawn")
+    pipes, procs = [], []
+    for i in range(spec.clients):
+        parent, child = mp.Pipe()
+        p = mp.Process(target=_client_main, args=(child, asdict(spec), i), daemon=True)
+        p.start()
+        pipes.append(parent)
+        procs.append(p)
+    try:
+        for conn in pipes:
+            if not conn.poll(30):
+                raise SnowfenceError("a bench client did not start within 30 s")
+            conn.recv()
+        start_ns = time.monotonic_ns() + 200_000_000
+        measure_ns = start_ns + int(spec.warmup_s * 1e9)
+        end_ns = measure_ns + int(spec.duration_s * 1e9)
+        for conn in pipes:
+            conn.send((start_ns, measure_ns, end_ns))
+        timeline: Counter = Counter()
+        results = [None] * spec.clients
+        live_ids = 0
+        last_print = 0.0
+        while any(r is None for r in results):
+            for i, conn in enumerate(pipes):
+                while results[i] is None and conn.poll():
+                    msg = conn.recv()
+                    if msg[0] == "progress":
+                        _, at_ns, n_ids, _, _ = msg
+                        if at_ns >= measure_ns:
+                            timeline[int((at_ns - measure_ns) / 1e9 / 0.5)] += n_ids
+                            live_ids += n_ids
+                    else:
+                        results[i] = msg[1]
+            if not any(p.is_alive() for p in procs) and any(r is None for r in results):
+                raise SnowfenceError("a bench client died")
+            now = time.monotonic_ns()
+            if progress is not None and now - last_print > 0.5e9 and now > measure_ns:
+                elapsed = min(now, end_ns) - measure_ns
+                rate = live_ids / (elapsed / 1e9) if elapsed > 0 else 0
+                progress.write(f"\r  [{elapsed / 1e9:5.1f}/{spec.duration_s:.0f} s] {rate:15,.0f} IDs/s")
+                progress.flush()
+                last_print = now
+            time.sleep(0.02)
+        if progress is not None:
+            progress.write("\n")
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    return summarize(spec, results, timeline, ceiling, worker_ids)
+
+
+def summarize(spec: BenchSpec, results: list[dict], timeline: Counter, ceiling: int, worker_ids: int) -> dict:
+    latencies = array.array("q")
+    pairs: list[tuple[int, int]] = []
+    errors: Counter = Counter()
+    ids = requests = outside = lost = 0
+    for r in results:
+        lat = array.array("q")
+        lat.frombytes(r["latencies"])
+        latencies.extend(lat)
+        if spec.check:
+            b = array.array("q")
+            b.frombytes(r["blocks"])
+            pairs.extend(zip(b[0::2], b[1::2], strict=True))
+        errors.update(r["errors"])
+        ids += r["ids"]
+        requests += r["requests"]
+        outside += r["outside_window"]
+        lost += r["lost"]
+    ordered = sorted(latencies)
+    out = {
+        "ids_per_s": ids / spec.duration_s,
+        "requests_per_s": requests / spec.duration_s,
+        "ids": ids,
+        "requests": requests,
+        "latency_us": {
+            "p50": _percentile(ordered, 0.50) / 1000,
+            "p90": _percentile(ordered, 0.90) / 1000,
+            "p99": _percentile(ordered, 0.99) / 1000,
+            "p999": _percentile(ordered, 0.999) / 1000,
+            "max": (ordered[-1] / 1000) if ordered else 0.0,
+            "mean": (sum(ordered) / len(ordered) / 1000) if ordered else 0.0,
+        },
+        "errors": dict(errors),
+        "lost_in_flight": lost,
+        "ceiling_ids_per_s": ceiling,
+        "worker_ids": worker_ids,
+        "timeline_ids_per_s": [timeline[i] / 0.5 for i in range(int(spec.duration_s / 0.5))],
+        "spec": {k: v for k, v in asdict(spec).items() if k != "layout"},
+    }
+    if spec.check:
+        checked, overlaps = check_unique(pairs)
+        out["check"] = {"ids_checked": checked, "duplicates": overlaps, "outside_request_window": outside,
+                        "unique": overlaps == 0}
+    out["_latencies_ns"] = ordered
+    return out
+
+
+def format_table(res: dict) -> str:
+    spec = res["spec"]
+    lat = res["latency_us"]
+    lines = [
+        f"snowfence bench: {spec['clients']} clients x {spec['depth']} in flight, batch {spec['batch']}, "
+        f"{spec['duration_s']:g} s" + (f", {spec['rate']:,.0f} requests/s offered" if spec["rate"] else ""),
+        f"  IDs/s        {res['ids_per_s']:>14,.0f}"
+        + (f"   ({res['ids_per_s'] / res['ceiling_ids_per_s']:.1%} of the layout's ceiling for "
+           f"{res['worker_ids']} worker IDs)" if res["ceiling_ids_per_s"] else ""),
+        f"  requests/s   {res['requests_per_s']:>14,.0f}",
+        f"  latency us   p50 {lat['p50']:,.0f}  p90 {lat['p90']:,.0f}  p99 {lat['p99']:,.0f}  "
+        f"p99.9 {lat['p999']:,.0f}  max {lat['max']:,.0f}",
+        "  errors       " + (", ".join(f"{k}: {v}" for k, v in sorted(res["errors"].items())) or "none"),
+    ]
+    if "check" in res:
+        c = res["check"]
+        lines.append(f"  unique       {'yes' if c['unique'] else 'NO'} ({c['ids_checked']:,} IDs checked, "
+                     f"{c['duplicates']} overlapping blocks)")
+        lines.append(f"  time window  {c['outside_request_window']} blocks stamped outside their request's time")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SnowfenceError("--plot needs matplotlib: pip install matplotlib") from None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    lat_us = [v / 1000 for v in res["_latencies_ns"]]
+    if lat_us:
+        n = len(lat_us)
+        left.plot(lat_us, [i / n for i in range(n)])
+        left.set_xscale("log")
+    left.set_xlabel("latency (us)")
+    left.set_ylabel("fraction of requests")
+    left.set_title("latency distribution (CDF)")
+    tl = res["timeline_ids_per_s"]
+    right.plot([i * 0.5 for i in range(len(tl))], tl)
+    right.set_xlabel("time (s)")
+    right.set_ylabel("IDs/s")
+    right.set_title("throughput over time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv_spec: BenchSpec, as_json: bool, plot_path: str | None) -> int:
+    import orjson
+
+    res = run(argv_spec, progress=sys.stderr)
+    if plot_path:
+        plot(res, plot_path)
+    res.pop("_latencies_ns", None)
+    if as_json:
+        print(orjson.dumps(res, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(format_table(res))
+    check = res.get("check")
+    return 1 if check and not check["unique"] else 0
