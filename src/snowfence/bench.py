@@ -50,6 +50,7 @@ def _percentile(sorted_values, q: float) -> float:
 def _client_main(conn, spec_dict: dict, index: int) -> None:
     """One load-generating process. Talks to the parent over ``conn``."""
     import zmq
+    import zmq.backend
 
     spec = BenchSpec(**spec_dict)
     time_shift = spec.layout["sequence_bits"] + spec.layout["worker_bits"] + spec.layout["region_bits"]
@@ -64,6 +65,7 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
     start_ns, measure_ns, end_ns = conn.recv()
 
     mono, wall = time.monotonic_ns, time.time_ns
+    send, recv, noblock = zmq.backend.Socket.send, zmq.backend.Socket.recv, int(zmq.NOBLOCK)
     encode, unpack = protocol.encode_reserve, protocol.unpack_block
     batch, depth, check = spec.batch, spec.depth, spec.check
     interval_ns = int(1e9 * spec.clients / spec.rate) if spec.rate else 0
@@ -85,17 +87,18 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
         if not sending and (not inflight or now > drain_until):
             break
         if sending:
+            # The wall clock is read before the send: a reply can beat a reading after it.
             if interval_ns:
                 while next_send <= now and len(inflight) < depth:
                     rid += 1
-                    sock.send(encode(rid, batch))
                     inflight[rid] = (next_send, wall() // 1_000_000)
+                    send(sock, encode(rid, batch))
                     next_send += interval_ns
             else:
                 while len(inflight) < depth:
                     rid += 1
-                    sock.send(encode(rid, batch))
                     inflight[rid] = (mono(), wall() // 1_000_000)
+                    send(sock, encode(rid, batch))
         if interval_ns and sending:
             wait_ms = max(0, (next_send - mono()) // 1_000_000)
         else:
@@ -103,7 +106,7 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
         if sock.poll(wait_ms, zmq.POLLIN):
             for _ in range(1000):
                 try:
-                    body = sock.recv(zmq.NOBLOCK)
+                    body = recv(sock, noblock)
                 except zmq.Again:
                     break
                 got_ns = mono()

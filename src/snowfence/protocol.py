@@ -207,6 +207,19 @@ def _with_id(err: SnowfenceError, body: bytes) -> SnowfenceError:
     return err
 
 
+def plain_reserve(body: bytes) -> tuple[int, int] | None:
+    """``(request_id, count)`` of a well-formed RESERVE without flags, else None.
+
+    The hot path's shortcut: anything it does not accept goes through
+    :func:`decode_request`, which says what is wrong.
+    """
+    if len(body) == RESERVE_SIZE:
+        version, type_, flags, request_id, count = _RESERVE.unpack(body)
+        if version == VERSION and type_ == RESERVE and not flags and 0 < count <= MAX_BLOCK:
+            return request_id, count
+    return None
+
+
 def encode_block(request_id: int, first: int, count: int) -> bytes:
     return _BLOCK.pack(VERSION, BLOCK, 0, request_id, first, count)
 

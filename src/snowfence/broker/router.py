@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import orjson
 import zmq
+import zmq.backend
 
 from .. import protocol
 from ..config import Config
@@ -40,6 +41,24 @@ MAX_TRIES = 3
 
 _META_TRIES = protocol.META_TRIES
 _META_DELIMITED = protocol.META_DELIMITED
+
+# The hot path calls libzmq through pyzmq's Cython socket methods directly: the
+# Python-level wrappers of zmq.Socket roughly double the cost of a send or recv
+# (0.61 against 0.29 us for one send+recv pair, measured on this design's
+# machine), and reading RCVMORE as a socket option costs 0.9-2 us where a
+# zero-copy Frame's ``more`` costs about 0.5 us.
+_send = zmq.backend.Socket.send
+_recv = zmq.backend.Socket.recv
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+_REPLY = protocol.REPLY
+_REFUSED = protocol.REFUSED
+_STATE = protocol.STATE
+_RESERVE_SIZE = protocol.RESERVE_SIZE
+_VERSION = protocol.VERSION
+_RESERVE = protocol.RESERVE
+_split_routed = protocol.split_routed
+_encode_work = protocol.encode_work
 
 
 class Link:
@@ -100,22 +119,24 @@ class Router:
 
     def on_frontend(self) -> None:
         front = self.frontend
+        counters = self.counters
         for _ in range(BATCH):
             try:
-                addr = front.recv(zmq.NOBLOCK)
+                addr = _recv(front, _NOBLOCK)
             except zmq.Again:
                 return
-            if not front.rcvmore:
-                continue  # an identity without a body cannot come from libzmq; ignore
-            body = front.recv()
+            # A ROUTER always delivers at least one frame after the identity.
+            frame = _recv(front, 0, False)
+            body = frame.bytes
             meta = 0
-            if not body and front.rcvmore:
-                body = front.recv()
+            if frame.more and not body:
+                frame = _recv(front, 0, False)
+                body = frame.bytes
                 meta = _META_DELIMITED
-            if front.rcvmore:
-                while front.rcvmore:
-                    front.recv()
-                self.counters["bad_request"] += 1
+            if frame.more:
+                while _recv(front, 0, False).more:
+                    pass
+                counters["bad_request"] += 1
                 self.to_client(
                     meta,
                     addr,
@@ -124,8 +145,8 @@ class Router:
                     ),
                 )
                 continue
-            self.counters["requests"] += 1
-            if len(body) == protocol.RESERVE_SIZE and body[0] == protocol.VERSION and body[1] == protocol.RESERVE:
+            counters["requests"] += 1
+            if len(body) == _RESERVE_SIZE and body[0] == _VERSION and body[1] == _RESERVE:
                 if not self.dispatch(meta, addr, body):
                     return
             else:
@@ -162,8 +183,8 @@ class Router:
                 self.pending.append((meta, addr, body))
                 return False
             try:
-                self.backend.send(link.ident, zmq.SNDMORE)
-                self.backend.send(protocol.encode_work(meta, addr, body))
+                _send(self.backend, link.ident, _SNDMORE)
+                _send(self.backend, _encode_work(meta, addr, body))
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
@@ -198,10 +219,10 @@ class Router:
 
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
         front = self.frontend
-        front.send(addr, zmq.SNDMORE)
+        _send(front, addr, _SNDMORE)
         if meta & _META_DELIMITED:
-            front.send(b"", zmq.SNDMORE)
-        front.send(reply)
+            _send(front, b"", _SNDMORE)
+        _send(front, reply)
 
     def flush_pending(self) -> None:
         pending = self.pending
@@ -217,27 +238,29 @@ class Router:
     def on_backend(self) -> None:
         back = self.backend
         links = self.links
+        counters = self.counters
+        to_client = self.to_client
         for _ in range(BATCH):
             try:
-                ident = back.recv(zmq.NOBLOCK)
+                ident = _recv(back, _NOBLOCK)
             except zmq.Again:
                 break
-            frame = back.recv()
-            while back.rcvmore:  # our workers send one frame; anything else is noise
-                back.recv()
+            # Only our own workers reach this private ipc endpoint, and they send
+            # exactly one frame after the identity.
+            frame = _recv(back)
             kind = frame[0] if frame else 0
             link = links.get(ident)
-            if kind == protocol.REPLY:
-                meta, addr, reply = protocol.split_routed(frame)
-                self.counters["replies"] += 1
-                self.to_client(meta, addr, reply)
+            if kind == _REPLY:
+                meta, addr, reply = _split_routed(frame)
+                counters["replies"] += 1
+                to_client(meta, addr, reply)
                 if link is not None and link.outstanding > 0:
                     link.outstanding -= 1
-            elif kind == protocol.REFUSED:
+            elif kind == _REFUSED:
                 if link is not None and link.outstanding > 0:
                     link.outstanding -= 1
                 self.on_refused(frame)
-            elif kind == protocol.STATE:
+            elif kind == _STATE:
                 self.on_state(ident, link, frame)
         if self.pending:
             self.flush_pending()

@@ -37,6 +37,7 @@ RESTART_BACKOFF_MAX_S = 30.0
 #: A worker that ran this long before dying starts its back-off from the bottom.
 STABLE_AFTER_S = 10.0
 LOOP_TICK_MS = 50
+HOUSEKEEPING_NS = 10_000_000
 
 
 class Proc:
@@ -130,33 +131,39 @@ class Supervisor:
         poller = zmq.Poller()
         poller.register(router.backend, zmq.POLLIN)
         poller.register(wake, zmq.POLLIN)
+        backend, frontend, wake_fd = router.backend, router.frontend, wake.fileno()
         front_registered = False
-        next_check_ns = 0
+        next_housekeeping_ns = next_reap_ns = 0
         while True:
             if router.wants_frontend != front_registered:
                 if front_registered:
-                    poller.unregister(router.frontend)
+                    poller.unregister(frontend)
                 else:
-                    poller.register(router.frontend, zmq.POLLIN)
+                    poller.register(frontend, zmq.POLLIN)
                 front_registered = not front_registered
-            events = dict(poller.poll(LOOP_TICK_MS))
-            if wake.fileno() in events:
-                try:
-                    while wake.recv(512):
+            for sock, _ in poller.poll(LOOP_TICK_MS):
+                if sock is backend:
+                    router.on_backend()
+                elif sock is frontend:
+                    router.on_frontend()
+                elif sock is wake or sock == wake_fd:
+                    try:
+                        while wake.recv(512):
+                            pass
+                    except BlockingIOError:
                         pass
-                except BlockingIOError:
-                    pass
             while self.signals:
                 signum = self.signals.pop(0)
                 getattr(self, f"handle_{signal.Signals(signum).name.lower()}")()
-            if router.backend in events:
-                router.on_backend()
-            if front_registered and router.frontend in events:
-                router.on_frontend()
+            # Timers, at most every HOUSEKEEPING_NS: under load the loop above turns
+            # thousands of times a second and must not pay for them each time.
             now_ns = time.monotonic_ns()
+            if now_ns < next_housekeeping_ns:
+                continue
+            next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
             router.tick(now_ns)
-            if now_ns >= next_check_ns:
-                next_check_ns = now_ns + int(self.config.heartbeat_interval_s * 1e9)
+            if now_ns >= next_reap_ns:
+                next_reap_ns = now_ns + int(self.config.heartbeat_interval_s * 1e9)
                 self.reap()
             if not self.stopping:
                 self.restart_due(now_ns)
