@@ -55,8 +55,6 @@ from .states import refusal_for
 
 log = logging.getLogger("snowfence.worker")
 
-#: Messages handled per wake-up before timers get a look in.
-DRAIN_BATCH = 256
 #: Longest poll wait, so state changes (fence, clock) are noticed promptly.
 TICK_S = 0.05
 #: Timers run at most this often while requests keep the loop busy. The minter
@@ -67,7 +65,6 @@ TICK_NS = 10_000_000
 # snowfence.broker.router for the measured difference).
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
-_NOBLOCK = int(zmq.NOBLOCK)
 _WORK = protocol.WORK
 _split_routed = protocol.split_routed
 _plain_reserve = protocol.plain_reserve
@@ -143,6 +140,7 @@ class Worker:
         self._broker_seen_ns = time.monotonic_ns()
         self._last_tick_ns = self._broker_seen_ns
         self._next_tick_ns = 0
+        self._heard = False
         self.counters = {"requests": 0, "ids": 0, "refused": {}, "bad_request": 0}
         namespace = f"embedded-r{config.region}" if config.embedded else f"etcd-{config.cluster}-r{config.region}"
         self.preferences = [
@@ -155,6 +153,9 @@ class Worker:
         self.sock.setsockopt(zmq.LINGER, 2000)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
+        # The loop blocks in recv (the GIL released) rather than poll, then drain
+        # until EAGAIN: 0.3 us per message instead of a poll plus an exception.
+        self.sock.setsockopt(zmq.RCVTIMEO, int(TICK_S * 1000))
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -186,20 +187,17 @@ class Worker:
 
     def loop(self) -> None:
         sock = self.sock
-        poll_ms = int(TICK_S * 1000)
         handle = self.handle
+        mono = time.monotonic_ns
         while not self.stopping:
-            if sock.poll(poll_ms, zmq.POLLIN):
-                self._broker_seen_ns = time.monotonic_ns()
-                for _ in range(DRAIN_BATCH):
-                    try:
-                        frame = _recv(sock, _NOBLOCK)
-                    except zmq.Again:
-                        break
-                    handle(frame)
-                    if self.stopping:
-                        break
-            if self._state_dirty or time.monotonic_ns() >= self._next_tick_ns:
+            try:
+                frame = _recv(sock)  # waits at most RCVTIMEO
+            except zmq.Again:
+                pass
+            else:
+                self._heard = True
+                handle(frame)
+            if self._state_dirty or mono() >= self._next_tick_ns:
                 self.tick()
         self.drain()
 
@@ -308,6 +306,9 @@ class Worker:
     def tick(self) -> None:
         now_ns = time.monotonic_ns()
         self._next_tick_ns = now_ns + TICK_NS
+        if self._heard:
+            self._heard = False
+            self._broker_seen_ns = now_ns
         if self._signals:
             self._signals.clear()
             if not self.stopping:
