@@ -93,8 +93,19 @@ def servers(specs: dict[str, dict]):
             if spec["kind"] == "relay":
                 cmd = [sys.executable, str(HERE / "relay.py"), "--bind", endpoint, "--workers", str(spec["workers"])]
             else:
-                cmd = [sys.executable, "-m", "snowfence", "serve", "--bind", endpoint, "--workers",
-                       str(spec["workers"]), "--state-dir", str(root / f"{name}-state"), *spec.get("args", [])]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "snowfence",
+                    "serve",
+                    "--bind",
+                    endpoint,
+                    "--workers",
+                    str(spec["workers"]),
+                    "--state-dir",
+                    str(root / f"{name}-state"),
+                    *spec.get("args", []),
+                ]
             started[name] = Server(name, cmd, endpoint, root / f"{name}.log")
         for name, spec in specs.items():
             wait_ready(started[name].endpoint, spec.get("ready", spec["workers"]))

@@ -168,10 +168,20 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
             progress_ids = progress_reqs = 0
             next_progress = now + int(PROGRESS_INTERVAL_S * 1e9)
     conn.send(("progress", mono(), progress_ids, progress_reqs, sum(errors.values())))
-    conn.send(("done", {
-        "ids": ids, "requests": requests, "errors": dict(errors), "outside_window": outside,
-        "latencies": latencies.tobytes(), "blocks": blocks.tobytes(), "lost": len(inflight),
-    }))
+    conn.send(
+        (
+            "done",
+            {
+                "ids": ids,
+                "requests": requests,
+                "errors": dict(errors),
+                "outside_window": outside,
+                "latencies": latencies.tobytes(),
+                "blocks": blocks.tobytes(),
+                "lost": len(inflight),
+            },
+        )
+    )
     sock.close(0)
     ctx.term()
 
@@ -294,8 +304,12 @@ def summarize(spec: BenchSpec, results: list[dict], timeline: Counter, ceiling: 
     }
     if spec.check:
         checked, overlaps = check_unique(pairs)
-        out["check"] = {"ids_checked": checked, "duplicates": overlaps, "outside_request_window": outside,
-                        "unique": overlaps == 0}
+        out["check"] = {
+            "ids_checked": checked,
+            "duplicates": overlaps,
+            "outside_request_window": outside,
+            "unique": overlaps == 0,
+        }
     out["_latencies_ns"] = ordered
     return out
 
@@ -307,8 +321,12 @@ def format_table(res: dict) -> str:
         f"snowfence bench: {spec['clients']} clients x {spec['depth']} in flight, batch {spec['batch']}, "
         f"{spec['duration_s']:g} s" + (f", {spec['rate']:,.0f} requests/s offered" if spec["rate"] else ""),
         f"  IDs/s        {res['ids_per_s']:>14,.0f}"
-        + (f"   ({res['ids_per_s'] / res['ceiling_ids_per_s']:.1%} of the layout's ceiling for "
-           f"{res['worker_ids']} worker IDs)" if res["ceiling_ids_per_s"] else ""),
+        + (
+            f"   ({res['ids_per_s'] / res['ceiling_ids_per_s']:.1%} of the layout's ceiling for "
+            f"{res['worker_ids']} worker IDs)"
+            if res["ceiling_ids_per_s"]
+            else ""
+        ),
         f"  requests/s   {res['requests_per_s']:>14,.0f}",
         f"  latency us   p50 {lat['p50']:,.0f}  p90 {lat['p90']:,.0f}  p99 {lat['p99']:,.0f}  "
         f"p99.9 {lat['p999']:,.0f}  max {lat['max']:,.0f}",
@@ -316,8 +334,10 @@ def format_table(res: dict) -> str:
     ]
     if "check" in res:
         c = res["check"]
-        lines.append(f"  unique       {'yes' if c['unique'] else 'NO'} ({c['ids_checked']:,} IDs checked, "
-                     f"{c['duplicates']} overlapping blocks)")
+        lines.append(
+            f"  unique       {'yes' if c['unique'] else 'NO'} ({c['ids_checked']:,} IDs checked, "
+            f"{c['duplicates']} overlapping blocks)"
+        )
         lines.append(f"  time window  {c['outside_request_window']} blocks stamped outside their request's time")
     return "\n".join(lines)
 

@@ -101,12 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch", type=int, default=4096, metavar="N", help="IDs per request (default 4096).")
     bench.add_argument("--clients", type=int, default=4, metavar="C", help="Client processes (default 4).")
     bench.add_argument("--depth", type=int, default=16, metavar="D", help="Requests in flight per client (default 16).")
-    bench.add_argument("--rate", type=float, default=0.0, metavar="R",
-                       help="Offered requests/s in total, on a fixed schedule (default: as fast as answered).")
-    bench.add_argument("--no-check", dest="check", action="store_false",
-                       help="Skip the uniqueness and time-window check of every ID received.")
+    bench.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="Offered requests/s in total, on a fixed schedule (default: as fast as answered).",
+    )
+    bench.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="Skip the uniqueness and time-window check of every ID received.",
+    )
     bench.add_argument("--json", action="store_true", help="Print the results as JSON.")
-    bench.add_argument("--plot", metavar="FILE.png", help="Plot latency distribution and throughput (needs matplotlib).")
+    bench.add_argument(
+        "--plot", metavar="FILE.png", help="Plot latency distribution and throughput (needs matplotlib)."
+    )
 
     status = sub.add_parser("status", help="Show a node's workers: worker ID, state, lease, reservation.")
     _connect_arg(status)
@@ -193,8 +204,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError("need 1 <= --batch <= 4096, --clients >= 1, --depth >= 1, --duration > 0")
     spec = bench.BenchSpec(
         endpoints=[ep.strip() for ep in args.connect.split(",") if ep.strip()],
-        duration_s=args.duration, warmup_s=args.warmup, batch=args.batch, clients=args.clients,
-        depth=args.depth, rate=args.rate, check=args.check, timeout_s=args.timeout,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        batch=args.batch,
+        clients=args.clients,
+        depth=args.depth,
+        rate=args.rate,
+        check=args.check,
+        timeout_s=args.timeout,
     )
     return bench.main(spec, args.json, args.plot)
 

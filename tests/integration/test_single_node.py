@@ -486,3 +486,19 @@ def test_a_worker_process_can_mint_from_several_worker_ids_in_turn(nodes):
         per_ms[L.ms_of(b.first)] = per_ms.get(L.ms_of(b.first), 0) + b.count
     assert len({L.decompose(b.first).worker for b in blocks}) == 6
     assert max(per_ms.values()) > 2 * 4096, "more than one full block per millisecond per process"
+
+
+def test_ids_prefetches_and_drops_stale_blocks(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    with node.client() as c:
+        stream = c.ids(batch=1, max_age_s=0.2)
+        first = [next(stream) for _ in range(50)]
+        assert len(set(first)) == 50
+        time.sleep(0.5)  # what is in hand now is older than max_age_s
+        resumed_ms = time.time_ns() // 1_000_000
+        later = next(stream)
+        assert L.decompose(later).unix_ms >= resumed_ms - 1, "a stale block was handed out"
+        assert later not in first
+        ids = [next(stream) for _ in range(20_000)]
+        check_blocks([[(i, 1) for i in first + [later] + ids]])

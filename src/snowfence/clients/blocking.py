@@ -9,6 +9,7 @@ Retriable errors are retried with back-off; anything else is raised at once.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
@@ -51,25 +52,40 @@ class Client:
         self._lock = threading.RLock()
         self._endpoint_index = 0
         self._sock: zmq.Socket | None = None
+        self._prefetchers: list[Prefetcher] = []
         self.resets = 0
 
     # -- public API ---------------------------------------------------------------------
 
     def reserve(self, n: int, *, after: int | None = None) -> list[Block]:
         """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``."""
-        job = ReserveJob(n, window=self.window, retries=self.retries, after=after)
+        return self._reserve(n, after=after)
+
+    def _reserve(self, n: int, *, after: int | None = None, chunk: int = protocol.MAX_BLOCK) -> list[Block]:
+        job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
         with self._lock:
             self._run(job)
         return job.result()
 
-    def ids(self, batch: int = protocol.MAX_BLOCK) -> Iterator[int]:
-        """An endless iterator of IDs, fetched ``batch`` at a time."""
-        return itertools.chain.from_iterable(self._ranges(batch))
+    def ids(self, batch: int = protocol.MAX_BLOCK, prefetch: int = 64, max_age_s: float | None = 1.0) -> Iterator[int]:
+        """An endless iterator of IDs that keeps blocks in hand.
 
-    def _ranges(self, batch: int) -> Iterator[range]:
-        while True:
-            for block in self.reserve(batch):
-                yield block.range()
+        A background thread with its own socket refills the blocks, so the
+        consumer's loop runs over plain integer ranges. How many blocks it keeps
+        adapts to the consumer, up to ``prefetch``: it doubles when the consumer
+        had to wait and halves when a block grew stale. Blocks older than
+        ``max_age_s`` when their turn comes are dropped, so the IDs handed out
+        stay close to the consumer's time order (None keeps every block).
+        The iterator is for one thread; each thread may call ``ids()`` for its
+        own. It stops refilling when the client is closed.
+        """
+        if not 1 <= batch <= protocol.MAX_BLOCK or prefetch < 1:
+            raise ValueError(f"need 1 <= batch <= {protocol.MAX_BLOCK} and prefetch >= 1")
+        fetcher = Prefetcher(self, batch=batch, depth=prefetch, max_age_s=max_age_s)
+        self._prefetchers.append(fetcher)
+        # chain over iter(callable, sentinel): both run in C, so each ID costs what
+        # iterating a range costs; Python runs only once per block, in take().
+        return itertools.chain.from_iterable(iter(fetcher.take, None))
 
     def status(self) -> dict:
         """The broker's view of itself and its workers."""
@@ -92,6 +108,9 @@ class Client:
         return self.endpoints[self._endpoint_index]
 
     def close(self) -> None:
+        for fetcher in self._prefetchers:
+            fetcher.close()
+        self._prefetchers = []
         with self._lock:
             if self._sock is not None:
                 self._sock.close(linger=0)
@@ -188,3 +207,78 @@ class Client:
         for p in pendings:
             job.requeue(p.count)
         self._reset(rotate=True)
+
+
+class Prefetcher:
+    """Blocks in hand for :meth:`Client.ids`, refilled by a background thread.
+
+    The thread reserves through a client of its own (its own socket; ZeroMQ
+    sockets are not for sharing between threads), so it never contends with
+    the caller's requests. ``take`` is safe from any thread.
+    """
+
+    def __init__(self, client: Client, *, batch: int, depth: int, max_age_s: float | None) -> None:
+        self.batch = batch
+        self.depth = depth
+        #: Blocks to keep in hand now: adapts between 1 and ``depth``.
+        self.target = min(2, depth)
+        self.max_age_ns = None if max_age_s is None else int(max_age_s * 1e9)
+        self.dropped = 0
+        self._source = Client(
+            client.endpoints, timeout_s=client.timeout_s, retries=client.retries, window=depth, context=client._ctx
+        )
+        self._blocks: collections.deque[tuple[int, range]] = collections.deque()
+        self._cond = threading.Condition()
+        self._error: SnowfenceError | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._refill, name="snowfence-prefetch", daemon=True)
+        self._thread.start()
+
+    def take(self) -> range:
+        """The next block's IDs; waits for one if none is in hand."""
+        with self._cond:
+            while True:
+                while self._blocks:
+                    fetched_ns, ids = self._blocks.popleft()
+                    self._cond.notify()
+                    if self.max_age_ns is not None and time.monotonic_ns() - fetched_ns > self.max_age_ns:
+                        self.dropped += 1
+                        self.target = max(1, self.target // 2)
+                        continue
+                    return ids
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    raise ValueError("the client was closed")
+                self.target = min(self.depth, self.target * 2)
+                self._cond.notify()
+                self._cond.wait(1.0)
+
+    def _refill(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while len(self._blocks) >= self.target and not self._closed:
+                        self._cond.wait(1.0)
+                    if self._closed:
+                        return
+                    want = self.target - len(self._blocks)
+                blocks = self._source._reserve(want * self.batch, chunk=self.batch)
+                now = time.monotonic_ns()
+                with self._cond:
+                    self._blocks.extend((now, b.range()) for b in blocks)
+                    self._cond.notify_all()
+        except SnowfenceError as exc:
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+        finally:
+            self._source.close()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        # A refill in flight ends by itself (reply or timeout); the thread is a
+        # daemon and closes its socket on the way out.
+        self._thread.join(1.0)

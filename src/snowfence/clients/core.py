@@ -141,6 +141,8 @@ class ReserveJob:
     window: int = DEFAULT_WINDOW
     retries: int = DEFAULT_RETRIES
     after: int | None = None
+    #: The most IDs one request asks for.
+    chunk: int = protocol.MAX_BLOCK
     blocks: list[Block] = field(default_factory=list)
     #: IDs not yet asked for (or to be asked for again).
     unasked: int = 0
@@ -164,7 +166,7 @@ class ReserveJob:
         """Counts of the requests to send now."""
         out = []
         while self.unasked and self.inflight < self.window:
-            count = min(self.unasked, protocol.MAX_BLOCK)
+            count = min(self.unasked, self.chunk)
             self.unasked -= count
             self.inflight += 1
             out.append(count)
