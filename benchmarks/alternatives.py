@@ -50,8 +50,11 @@ def timed(fn, seconds: float) -> float:
 class Redis:
     def __init__(self, root: Path) -> None:
         self.sock = str(root / "redis.sock")
-        self.proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", self.sock, "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", "0", "--unixsocket", self.sock, "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         import redis
 
         deadline = time.monotonic() + 10
@@ -85,11 +88,27 @@ class Postgres:
         self.data = root / "pg"
         self.run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         os.chmod(root, 0o777)
-        subprocess.run([*self.run_as, f"{bindir}/initdb", "-D", str(self.data), "-A", "trust", "-U", "bench"],
-                       check=True, capture_output=True)
-        self.proc = subprocess.Popen([*self.run_as, f"{bindir}/postgres", "-D", str(self.data), "-k", str(root),
-                                      "-c", "listen_addresses=", "-c", "fsync=off"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [*self.run_as, f"{bindir}/initdb", "-D", str(self.data), "-A", "trust", "-U", "bench"],
+            check=True,
+            capture_output=True,
+        )
+        self.proc = subprocess.Popen(
+            [
+                *self.run_as,
+                f"{bindir}/postgres",
+                "-D",
+                str(self.data),
+                "-k",
+                str(root),
+                "-c",
+                "listen_addresses=",
+                "-c",
+                "fsync=off",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         import psycopg
 
         deadline = time.monotonic() + 20
@@ -133,15 +152,22 @@ def main() -> None:
     try:
         redis_srv, pg = Redis(root), Postgres(root)
         wide = {"kind": "snowfence", "workers": 2, "ready": 16, "args": ["--ids-per-worker", "8"]}
-        with (servers({"node": {"kind": "snowfence", "workers": 2}, "wide": wide}) as s,
-              Client(s["node"].endpoint) as client, Client(s["wide"].endpoint) as wide_client):
+        with (
+            servers({"node": {"kind": "snowfence", "workers": 2}, "wide": wide}) as s,
+            Client(s["node"].endpoint) as client,
+            Client(s["wide"].endpoint) as wide_client,
+        ):
             cases = {
-                "snowfence, 2 workers x 8 worker IDs, reserve(262,144)":
-                    lambda: sum(b.count for b in wide_client.reserve(262_144)),
-                "snowfence, blocks of 4,096 (reserve(65,536), pipelined)":
-                    lambda: sum(b.count for b in client.reserve(65_536)),
+                "snowfence, 2 workers x 8 worker IDs, reserve(262,144)": lambda: sum(
+                    b.count for b in wide_client.reserve(262_144)
+                ),
+                "snowfence, blocks of 4,096 (reserve(65,536), pipelined)": lambda: sum(
+                    b.count for b in client.reserve(65_536)
+                ),
                 "snowfence, one ID per request": lambda: sum(b.count for b in client.reserve(1)),
-                "snowfence, Client.ids() (prefetching)": lambda: sum(1 for _ in zip(range(65_536), ids_stream)),
+                "snowfence, Client.ids() (prefetching)": lambda: sum(
+                    1 for _ in zip(range(65_536), ids_stream, strict=False)
+                ),
                 "Redis INCRBY 4096 (block allocator)": redis_srv.block,
                 "Redis INCR, 16 pipelined": redis_srv.single_pipelined,
                 "Redis INCR, one per round trip": redis_srv.single,

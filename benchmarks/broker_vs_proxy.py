@@ -2,7 +2,8 @@
 
 Both servers run at once with the same number of worker processes minting with
 the same minter; `snowfence bench` drives them with the same clients, in
-alternating order, several times. Reports medians and the ratio.
+alternating order, several times. Reports medians and the ratio, then the
+latency of both at half the broker's throughput, offered on a fixed schedule.
 
     python benchmarks/broker_vs_proxy.py [--runs 5] [--duration 5] [--clients 4] [--depth 16]
 """
@@ -14,26 +15,27 @@ import argparse
 from common import bench, median, servers
 
 
+def line(run: int, name: str, r: dict) -> str:
+    lat = r["latency_us"]
+    return (
+        f"run {run} {name:9s} {r['requests_per_s']:9,.0f} req/s  p50 {lat['p50']:7,.0f}  p99 {lat['p99']:7,.0f} us"
+        f"  server {r['cpu']['server_us_per_request']:5.1f} us/req  errors {sum(r['errors'].values())}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--half-load-runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--depth", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
-    load = [
-        "--duration",
-        str(args.duration),
-        "--clients",
-        str(args.clients),
-        "--depth",
-        str(args.depth),
-        "--batch",
-        str(args.batch),
-    ]
-    results: dict[str, list[dict]] = {"relay": [], "snowfence": []}
+    common = ["--duration", str(args.duration), "--batch", str(args.batch)]
+    full: dict[str, list[dict]] = {"relay": [], "snowfence": []}
+    half: dict[str, list[dict]] = {"relay": [], "snowfence": []}
     with servers(
         {
             "relay": {"kind": "relay", "workers": args.workers},
@@ -41,30 +43,42 @@ def main() -> None:
         }
     ) as s:
         for run in range(args.runs):
-            order = ["relay", "snowfence"] if run % 2 == 0 else ["snowfence", "relay"]
-            for name in order:
-                r = bench(s[name], *load)
-                results[name].append(r)
-                print(
-                    f"run {run + 1} {name:9s} {r['requests_per_s']:9,.0f} req/s  p50 {r['latency_us']['p50']:7,.0f}"
-                    f"  p99 {r['latency_us']['p99']:7,.0f} us  server {r['cpu']['server_us_per_request']:5.1f} us/req"
-                    f"  errors {sum(r['errors'].values())}",
-                    flush=True,
-                )
-    print()
-    print("| server | requests/s | p50 us | p99 us | server CPU us/request | unique |")
+            for name in ["relay", "snowfence"] if run % 2 == 0 else ["snowfence", "relay"]:
+                r = bench(s[name], *common, "--clients", str(args.clients), "--depth", str(args.depth))
+                full[name].append(r)
+                print(line(run + 1, name, r), flush=True)
+        half_rate = median(r["requests_per_s"] for r in full["snowfence"]) / 2
+        for run in range(args.half_load_runs):
+            for name in ["relay", "snowfence"] if run % 2 == 0 else ["snowfence", "relay"]:
+                r = bench(s[name], *common, "--clients", "2", "--depth", "64", "--rate", str(half_rate))
+                half[name].append(r)
+                print("half " + line(run + 1, name, r), flush=True)
+
+    print("\n| server | requests/s | p50 us | p99 us | server CPU us/request | unique |")
     print("|---|---|---|---|---|---|")
-    for name, rs in results.items():
-        print(
-            f"| {name} | {median(r['requests_per_s'] for r in rs):,.0f} | "
-            f"{median(r['latency_us']['p50'] for r in rs):,.0f} | {median(r['latency_us']['p99'] for r in rs):,.0f} | "
-            f"{median(r['cpu']['server_us_per_request'] for r in rs):.1f} | "
-            f"{all(r['check']['unique'] for r in rs)} |"
-        )
-    ratio = median(r["requests_per_s"] for r in results["snowfence"]) / median(
-        r["requests_per_s"] for r in results["relay"]
+    for name, rs in full.items():
+        rate = median(r["requests_per_s"] for r in rs)
+        p50, p99 = median(r["latency_us"]["p50"] for r in rs), median(r["latency_us"]["p99"] for r in rs)
+        cpu = median(r["cpu"]["server_us_per_request"] for r in rs)
+        unique = all(r["check"]["unique"] for r in rs)
+        print(f"| {name} | {rate:,.0f} | {p50:,.0f} | {p99:,.0f} | {cpu:.1f} | {unique} |")
+    rates = {name: median(r["requests_per_s"] for r in rs) for name, rs in full.items()}
+    print(
+        f"\nsnowfence broker / bare zmq.proxy relay, requests/s (medians of {args.runs}): "
+        f"{rates['snowfence'] / rates['relay']:.2f}"
     )
-    print(f"\nsnowfence broker / bare zmq.proxy relay, requests/s (medians of {args.runs}): {ratio:.2f}")
+    print(
+        f"\nHalf load: {half_rate:,.0f} requests/s offered by 2 clients on a fixed schedule "
+        f"(medians of {args.half_load_runs})\n"
+    )
+    print("| server | requests/s | p50 us | p99 us | p99.9 us |")
+    print("|---|---|---|---|---|")
+    for name, rs in half.items():
+        lat = {k: median(r["latency_us"][k] for r in rs) for k in ("p50", "p99", "p999")}
+        print(
+            f"| {name} | {median(r['requests_per_s'] for r in rs):,.0f} | {lat['p50']:,.0f} | {lat['p99']:,.0f} "
+            f"| {lat['p999']:,.0f} |"
+        )
 
 
 if __name__ == "__main__":

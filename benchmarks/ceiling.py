@@ -17,8 +17,10 @@ def summarize(name: str, rs: list[dict]) -> str:
     lat = {k: median(r["latency_us"][k] for r in rs) for k in ("p50", "p99", "p999")}
     cpu = median(r["cpu"]["server_cores"] for r in rs)
     ok = all(r["check"]["unique"] and r["check"]["outside_request_window"] == 0 for r in rs)
-    return (f"| {name} | {ids:,.0f} | {ids / ceiling:.1%} | {lat['p50']:,.0f} | {lat['p99']:,.0f} | {lat['p999']:,.0f} "
-            f"| {cpu:.2f} | {ok} |")
+    return (
+        f"| {name} | {ids:,.0f} | {ids / ceiling:.1%} | {lat['p50']:,.0f} | {lat['p99']:,.0f} | {lat['p999']:,.0f} "
+        f"| {cpu:.2f} | {ok} |"
+    )
 
 
 def main() -> None:
@@ -37,11 +39,12 @@ def main() -> None:
             full = [bench(s[name], *d, "--clients", "4", "--depth", "4") for _ in range(args.runs)]
             rows.append(summarize(f"{label}, full load (4 clients x 4 in flight)", full))
             half_rate = median(r["requests_per_s"] for r in full) / 2
-            half = [bench(s[name], *d, "--clients", "4", "--depth", "8", "--rate", str(half_rate))
-                    for _ in range(args.runs)]
+            half = [
+                bench(s[name], *d, "--clients", "4", "--depth", "8", "--rate", str(half_rate)) for _ in range(args.runs)
+            ]
             rows.append(summarize(f"{label}, half load ({half_rate:,.0f} requests/s offered)", half))
             print(rows[-2], rows[-1], sep="\n", flush=True)
-    print(f"\n| configuration | IDs/s | of ceiling | p50 us | p99 us | p99.9 us | server cores | unique, in window |")
+    print("\n| configuration | IDs/s | of ceiling | p50 us | p99 us | p99.9 us | server cores | unique, in window |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 

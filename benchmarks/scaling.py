@@ -1,6 +1,6 @@
 """IDs/s and latency against workers, block size and requests in flight.
 
-    python benchmarks/scaling.py [--duration 3]
+python benchmarks/scaling.py [--duration 3]
 """
 
 from __future__ import annotations
@@ -22,11 +22,23 @@ def main() -> None:
         with servers({"node": {"kind": "snowfence", "workers": workers}}) as s:
             for batch in (1, 16, 256, 4096):
                 for depth in (1, 4, 16, 64):
-                    r = bench(s["node"], "--duration", str(args.duration), "--clients", str(args.clients),
-                              "--depth", str(depth), "--batch", str(batch))
+                    r = bench(
+                        s["node"],
+                        "--duration",
+                        str(args.duration),
+                        "--clients",
+                        str(args.clients),
+                        "--depth",
+                        str(depth),
+                        "--batch",
+                        str(batch),
+                    )
                     lat = r["latency_us"]
-                    print(f"| {workers} | {batch} | {depth} | {r['ids_per_s']:,.0f} | {r['requests_per_s']:,.0f} "
-                          f"| {lat['p50']:,.0f} | {lat['p99']:,.0f} |", flush=True)
+                    print(
+                        f"| {workers} | {batch} | {depth} | {r['ids_per_s']:,.0f} | {r['requests_per_s']:,.0f} "
+                        f"| {lat['p50']:,.0f} | {lat['p99']:,.0f} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
