@@ -502,3 +502,21 @@ def test_ids_prefetches_and_drops_stale_blocks(nodes):
         assert later not in first
         ids = [next(stream) for _ in range(20_000)]
         check_blocks([[(i, 1) for i in first + [later] + ids]])
+
+
+def test_bench_reports_rates_latency_and_checks_every_id(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    p = run_cli("bench", "--connect", node.endpoint, "--duration", "1", "--warmup", "0.2", "--clients", "2",
+                "--depth", "4", "--batch", "4096", "--json")
+    res = orjson.loads(p.stdout)
+    assert res["ids_per_s"] > 1_000_000 and res["requests_per_s"] > 0
+    assert set(res["latency_us"]) >= {"p50", "p99", "p999"}
+    assert res["check"]["unique"] and res["check"]["duplicates"] == 0
+    assert res["check"]["ids_checked"] == res["ids"] > 0
+    assert res["check"]["outside_request_window"] == 0
+    assert res["errors"] == {}
+    assert res["ceiling_ids_per_s"] == 2 * 4096 * 1000
+    text = run_cli("bench", "--connect", node.endpoint, "--duration", "0.5", "--warmup", "0", "--clients", "1",
+                   "--rate", "200", "--batch", "1").stdout
+    assert "IDs/s" in text and "unique       yes" in text

@@ -80,7 +80,12 @@ class Link:
 
 class Router:
     def __init__(
-        self, ctx: zmq.Context, config: Config, backend_endpoint: str, describe_broker: Callable[[], dict] | None = None
+        self,
+        ctx: zmq.Context,
+        config: Config,
+        backend_endpoint: str,
+        describe_broker: Callable[[], dict] | None = None,
+        live_pids: set[int] | None = None,
     ) -> None:
         self.config = config
         self.frontend = ctx.socket(zmq.ROUTER)
@@ -102,6 +107,10 @@ class Router:
         self.pending: deque[tuple[int, bytes, bytes]] = deque()
         self.accepting = True
         self._describe_broker = describe_broker or (lambda: {})
+        #: Worker processes still running (kept by the supervisor). A STATE frame a
+        #: worker sent just before it died can arrive after it was reaped; it must not
+        #: bring the dead worker back.
+        self.live_pids = live_pids
         self._heartbeat_ns = int(config.heartbeat_interval_s * 1e9)
         self._timeout_ns = int(config.heartbeat_timeout_s * 1e9)
         self._next_ping_ns = 0
@@ -283,6 +292,8 @@ class Router:
             return
         now_ns = time.monotonic_ns()
         if link is None:
+            if self.live_pids is not None and status.get("pid") not in self.live_pids:
+                return
             link = self.links[ident] = Link(ident, now_ns)
             event(
                 log,

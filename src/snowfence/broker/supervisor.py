@@ -68,6 +68,7 @@ class Supervisor:
         self.started_ns = time.monotonic_ns()
         self.rundir = ""
         self.router: Router | None = None
+        self.live_pids: set[int] = set()
 
     # -- signals ----------------------------------------------------------------------
 
@@ -93,7 +94,7 @@ class Supervisor:
         wake_w.setblocking(False)
         try:
             try:
-                self.router = Router(ctx, self.config, f"ipc://{self.rundir}/backend", self.describe)
+                self.router = Router(ctx, self.config, f"ipc://{self.rundir}/backend", self.describe, self.live_pids)
             except zmq.ZMQError as exc:
                 raise ConfigError(f"cannot bind {self.config.bind}: {exc.strerror}") from None
             signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
@@ -222,6 +223,7 @@ class Supervisor:
         except BrokenPipeError:
             pass
         proc.popen = popen
+        self.live_pids.add(popen.pid)
         proc.started_ns = time.monotonic_ns()
         proc.restart_at_ns = None
         if proc.restarts:
@@ -278,8 +280,10 @@ class Supervisor:
             )
 
     def _forget(self, proc: Proc) -> None:
-        if proc.popen is not None and self.router is not None:
-            self.router.forget_pid(proc.popen.pid, "process exited")
+        if proc.popen is not None:
+            self.live_pids.discard(proc.popen.pid)
+            if self.router is not None:
+                self.router.forget_pid(proc.popen.pid, "process exited")
         proc.popen = None
 
     def restart_due(self, now_ns: int) -> None:
