@@ -13,7 +13,8 @@ import time
 import orjson
 import pytest
 from checks import check_blocks, read_pairs
-from conftest import HERE, etcd_args, wait_for
+from conftest import HARNESS
+from nodes import etcd_args, wait_for
 
 from snowfence.errors import Fenced, SnowfenceError
 from snowfence.ids import DEFAULT_LAYOUT, Layout
@@ -43,7 +44,7 @@ def worker_ids(node) -> set[int]:
 
 def loadgen(endpoint: str, total: int, out, seed: int, deadline_s: float) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(HERE / "loadgen.py"), endpoint, str(total), str(out), str(seed), str(deadline_s)],
+        [sys.executable, str(HARNESS / "loadgen.py"), endpoint, str(total), str(out), str(seed), str(deadline_s)],
         stdout=subprocess.PIPE,
         text=True,
     )

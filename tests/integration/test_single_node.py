@@ -15,7 +15,8 @@ import orjson
 import pytest
 import zmq
 from checks import check_blocks, read_pairs
-from conftest import HERE, wait_for
+from conftest import HARNESS
+from nodes import wait_for
 
 from snowfence import protocol
 from snowfence.errors import BadRequest, ClockUnsafe, ReservationExpired, SnowfenceError, Timeout, Unavailable
@@ -54,7 +55,7 @@ def test_100k_ids_from_concurrent_client_processes_are_unique_and_increase_per_w
     outs = [tmp_path / f"client{i}.bin" for i in range(4)]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "loadgen.py"), node.endpoint, "25000", str(out), str(i)],
+            [sys.executable, str(HARNESS / "loadgen.py"), node.endpoint, "25000", str(out), str(i)],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -73,7 +74,7 @@ def test_sigkill_of_a_worker_loses_only_its_in_flight_requests_and_never_repeats
     outs = [tmp_path / f"c{i}.bin" for i in range(2)]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "loadgen.py"), node.endpoint, "400000", str(o), str(i), "30"],
+            [sys.executable, str(HARNESS / "loadgen.py"), node.endpoint, "400000", str(o), str(i), "30"],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -507,8 +508,22 @@ def test_ids_prefetches_and_drops_stale_blocks(nodes):
 def test_bench_reports_rates_latency_and_checks_every_id(nodes):
     node = nodes.start(workers=2)
     node.wait_ready()
-    p = run_cli("bench", "--connect", node.endpoint, "--duration", "1", "--warmup", "0.2", "--clients", "2",
-                "--depth", "4", "--batch", "4096", "--json")
+    p = run_cli(
+        "bench",
+        "--connect",
+        node.endpoint,
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+        "--clients",
+        "2",
+        "--depth",
+        "4",
+        "--batch",
+        "4096",
+        "--json",
+    )
     res = orjson.loads(p.stdout)
     assert res["ids_per_s"] > 1_000_000 and res["requests_per_s"] > 0
     assert set(res["latency_us"]) >= {"p50", "p99", "p999"}
@@ -517,6 +532,19 @@ def test_bench_reports_rates_latency_and_checks_every_id(nodes):
     assert res["check"]["outside_request_window"] == 0
     assert res["errors"] == {}
     assert res["ceiling_ids_per_s"] == 2 * 4096 * 1000
-    text = run_cli("bench", "--connect", node.endpoint, "--duration", "0.5", "--warmup", "0", "--clients", "1",
-                   "--rate", "200", "--batch", "1").stdout
+    text = run_cli(
+        "bench",
+        "--connect",
+        node.endpoint,
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0",
+        "--clients",
+        "1",
+        "--rate",
+        "200",
+        "--batch",
+        "1",
+    ).stdout
     assert "IDs/s" in text and "unique       yes" in text

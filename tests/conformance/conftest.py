@@ -1,0 +1,218 @@
+"""A real snowfence server for the conformance suite, driven over raw ZeroMQ.
+
+The server is ``python -m snowfence serve`` in its own process group (session),
+bound to an ``ipc://`` endpoint under pytest's temp dir; it is ready when a
+STATUS request shows every worker in rotation. Teardown SIGKILLs the group.
+
+Nothing here imports ``snowfence``: readiness is judged over the wire, per
+``docs/PROTOCOL.md``, with the helpers of ``sfwire``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+import sfwire
+
+#: Every test of this directory gets this timeout (pytest-timeout), well below the global one.
+TEST_TIMEOUT_S = 60
+READY_TIMEOUT_S = 20.0
+#: A Unix socket path must fit in sun_path (108 bytes with the NUL).
+MAX_IPC_PATH = 100
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
+
+
+class Server:
+    """One ``snowfence serve`` process group, observed only through the wire protocol."""
+
+    def __init__(self, directory: Path, workers: int = 2, args: tuple[str, ...] = ()) -> None:
+        self.dir = directory
+        self.workers = workers
+        self.args = list(args)
+        sock_path = directory / "sf.sock"
+        assert len(str(sock_path)) <= MAX_IPC_PATH, f"ipc path too long for a Unix socket: {sock_path}"
+        self.endpoint = f"ipc://{sock_path}"
+        self.log_path = directory / "server.log"
+        self.proc: subprocess.Popen | None = None
+        self.ctx = zmq.Context()
+        self._ids = itertools.count(1)
+
+    def start(self) -> Server:
+        cmd = [
+            sys.executable,
+            "-m",
+            "snowfence",
+            "serve",
+            "--bind",
+            self.endpoint,
+            "--state-dir",
+            str(self.dir / "state"),
+            "--workers",
+            str(self.workers),
+            *self.args,
+        ]
+        # Settings from the environment (SNOWFENCE_ETCD, ...) must not change what we test.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SNOWFENCE_")}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
+        return self
+
+    def request_id(self) -> int:
+        return next(self._ids)
+
+    def status(self, timeout_ms: int = 1000) -> dict:
+        """One STATUS round trip on a fresh DEALER socket (a lost request never poisons the next)."""
+        sock = sfwire.connect(self.ctx, self.endpoint, timeout_ms=timeout_ms)
+        try:
+            rid = self.request_id()
+            reply = sfwire.request(sock, sfwire.status(rid))
+        finally:
+            sock.close(0)
+        assert reply.type == sfwire.STATUS_REPLY and reply.request_id == rid, reply
+        return reply.json
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict:
+        """Poll STATUS until all ``self.workers`` workers hold a worker ID and are in rotation."""
+        deadline = time.monotonic() + timeout_s
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+            try:
+                st = self.status(timeout_ms=500)
+            except (AssertionError, zmq.ZMQError) as exc:
+                last = exc
+            else:
+                last = st.get("workers")
+                workers = st.get("workers") or []
+                if (
+                    len(workers) == self.workers
+                    and all(w.get("in_rotation") is True for w in workers)
+                    and all(w.get("worker_id") is not None for w in workers)
+                ):
+                    return st
+            time.sleep(0.05)
+        raise AssertionError(
+            f"server not ready after {timeout_s} s (last: {last!r}); log:\n{self.log_tail()}"
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, reap the broker, and wait for the group to be gone."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            deadline = time.monotonic() + 5
+            while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        self.ctx.destroy(linger=0)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a non-zombie member of the process group exists."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """The suite's server: 2 workers, embedded mode, default layout; ready when yielded."""
+    srv = Server(tmp_path_factory.mktemp("conformance"), workers=2)
+    try:
+        srv.start()
+        srv.ready_status = srv.wait_ready()
+        yield srv
+    finally:
+        srv.kill()
+    assert not _group_alive(srv.proc.pid), "processes of the server outlived SIGKILL of its group"
+
+
+@pytest.fixture(scope="session")
+def stalled_server(tmp_path_factory):
+    """A 1-worker server whose worker is SIGSTOPped until the broker takes it out of rotation."""
+    srv = Server(tmp_path_factory.mktemp("stalled"), workers=1, args=_FAST_HEARTBEAT)
+    pid = None
+    try:
+        srv.start()
+        pid = srv.wait_ready()["workers"][0]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while any(w["in_rotation"] for w in srv.status()["workers"]):
+            assert time.monotonic() < deadline, "the stopped worker stayed in rotation"
+            time.sleep(0.05)
+        yield srv
+    finally:
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        srv.kill()
+
+
+_FAST_HEARTBEAT = ("--heartbeat-interval-s", "0.1", "--heartbeat-timeout-s", "0.5")
+
+
+@pytest.fixture(scope="session")
+def layout(server) -> sfwire.Layout:
+    return sfwire.Layout.of(server.ready_status)
+
+
+@pytest.fixture(scope="session")
+def worker_ids(server) -> set[int]:
+    return {w["worker_id"] for w in server.ready_status["workers"]}
+
+
+@pytest.fixture
+def sockets(server):
+    """``sockets(kind=zmq.DEALER, endpoint=None, timeout_ms=3000)``: raw sockets, closed at teardown."""
+    ctx = zmq.Context()
+    made: list[zmq.Socket] = []
+
+    def make(kind: int = zmq.DEALER, endpoint: str | None = None, timeout_ms: int = 3000) -> zmq.Socket:
+        sock = sfwire.connect(ctx, endpoint or server.endpoint, kind, timeout_ms)
+        made.append(sock)
+        return sock
+
+    yield make
+    for sock in made:
+        sock.close(0)
+    ctx.term()

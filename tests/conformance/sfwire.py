@@ -1,0 +1,187 @@
+"""The client side of ``docs/PROTOCOL.md``, written from the document alone.
+
+Nothing here imports ``snowfence``: the conformance suite must catch a server
+that drifts from the document, so it may not share the server's own encoders.
+Only pyzmq, ``struct`` and ``json`` are used.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import zmq
+
+VERSION = 1
+
+RESERVE = 0x01
+STATUS = 0x02
+BLOCK = 0x81
+STATUS_REPLY = 0x82
+ERROR = 0xFF
+
+FLAG_AFTER = 0x0001
+
+MAX_COUNT = 4096
+MAX_BODY = 255
+#: Messages larger than this are dropped by the broker's transport.
+MAX_MESSAGE = 64 * 1024
+
+#: version:u8 type:u8 flags:u16 request_id:u64, big-endian ("network order").
+HEADER = struct.Struct("!BBHQ")
+HEADER_SIZE = HEADER.size  # 12
+RESERVE_BODY = struct.Struct("!BBHQI")  # 16
+RESERVE_AFTER_BODY = struct.Struct("!BBHQIQ")  # 24
+BLOCK_BODY = struct.Struct("!BBHQQI")  # 24
+
+#: Error codes of the doc's table, with their ``retriable`` column.
+ERROR_CODES = {
+    "bad_request": False,
+    "unsupported_version": False,
+    "frame_too_large": False,
+    "fenced": True,
+    "clock_unsafe": True,
+    "reservation_expired": True,
+    "unavailable": True,
+    "overloaded": True,
+    "internal": False,
+}
+
+WORKER_STATES = {"claiming", "waiting", "ready", "fenced", "clock_unsafe", "reserving", "stopping", "silent"}
+
+
+# -- requests -----------------------------------------------------------------------
+
+
+def header(type_: int, request_id: int, flags: int = 0, version: int = VERSION) -> bytes:
+    return HEADER.pack(version, type_, flags, request_id)
+
+
+def reserve(request_id: int, count: int, flags: int = 0, version: int = VERSION) -> bytes:
+    return RESERVE_BODY.pack(version, RESERVE, flags, request_id, count)
+
+
+def reserve_after(request_id: int, count: int, after: int) -> bytes:
+    return RESERVE_AFTER_BODY.pack(VERSION, RESERVE, FLAG_AFTER, request_id, count, after)
+
+
+def status(request_id: int) -> bytes:
+    return header(STATUS, request_id)
+
+
+# -- replies --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    version: int
+    type: int
+    flags: int
+    request_id: int
+    payload: bytes  # everything after the 12-byte header
+
+    @property
+    def block(self) -> tuple[int, int]:
+        """``(first, count)`` of a BLOCK reply (which must be exactly 24 bytes)."""
+        assert self.type == BLOCK, f"expected BLOCK (0x81), got type 0x{self.type:02x}: {self.payload[:200]!r}"
+        assert len(self.payload) == BLOCK_BODY.size - HEADER_SIZE, f"BLOCK of {HEADER_SIZE + len(self.payload)} bytes"
+        return struct.unpack("!QI", self.payload)
+
+    @property
+    def json(self) -> dict:
+        """The UTF-8 JSON object of a STATUS_REPLY or ERROR."""
+        assert self.type in (STATUS_REPLY, ERROR), f"type 0x{self.type:02x} carries no JSON"
+        value = json.loads(self.payload.decode("utf-8"))
+        assert isinstance(value, dict), f"expected a JSON object, got {type(value).__name__}"
+        return value
+
+    def __repr__(self) -> str:
+        return (
+            f"Reply(version={self.version}, type=0x{self.type:02x}, flags={self.flags}, "
+            f"request_id={self.request_id}, payload={self.payload[:160]!r})"
+        )
+
+
+def parse(body: bytes) -> Reply:
+    assert len(body) >= HEADER_SIZE, f"reply body of {len(body)} bytes is shorter than the header: {body!r}"
+    version, type_, flags, request_id = HEADER.unpack_from(body)
+    return Reply(version, type_, flags, request_id, body[HEADER_SIZE:])
+
+
+def body_of(frames: list[bytes]) -> bytes:
+    """The body of a reply received on a DEALER socket: one frame, or an empty delimiter and one frame."""
+    assert frames and len(frames) <= 2, f"a reply is one body frame, optionally after a delimiter: {frames!r}"
+    if len(frames) == 2:
+        assert frames[0] == b"", f"the first of two reply frames must be an empty delimiter: {frames!r}"
+    return frames[-1]
+
+
+# -- the ID layout --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decoded:
+    id: int
+    unix_ms: int
+    region: int
+    worker: int
+    sequence: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    epoch_ms: int
+    time_bits: int
+    region_bits: int
+    worker_bits: int
+    sequence_bits: int
+
+    @classmethod
+    def of(cls, status_reply: dict) -> Layout:
+        lay = status_reply["layout"]
+        return cls(
+            int(lay["epoch_ms"]),
+            int(lay["time_bits"]),
+            int(lay["region_bits"]),
+            int(lay["worker_bits"]),
+            int(lay["sequence_bits"]),
+        )
+
+    def decode(self, id_: int) -> Decoded:
+        seq_mask = (1 << self.sequence_bits) - 1
+        worker_shift = self.sequence_bits
+        region_shift = worker_shift + self.worker_bits
+        time_shift = region_shift + self.region_bits
+        return Decoded(
+            id=id_,
+            unix_ms=(id_ >> time_shift) + self.epoch_ms,
+            region=(id_ >> region_shift) & ((1 << self.region_bits) - 1),
+            worker=(id_ >> worker_shift) & ((1 << self.worker_bits) - 1),
+            sequence=id_ & seq_mask,
+        )
+
+
+# -- sockets --------------------------------------------------------------------------
+
+
+def connect(ctx: zmq.Context, endpoint: str, kind: int = zmq.DEALER, timeout_ms: int = 3000) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+    sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
+    sock.connect(endpoint)
+    return sock
+
+
+def recv_frames(sock: zmq.Socket, what: str = "a reply") -> list[bytes]:
+    try:
+        return sock.recv_multipart()
+    except zmq.Again:
+        raise AssertionError(f"no reply within the socket's receive timeout, waiting for {what}") from None
+
+
+def request(sock: zmq.Socket, *frames: bytes) -> Reply:
+    """Send one request message, return the parsed reply (a DEALER or a REQ socket)."""
+    sock.send_multipart(list(frames))
+    return parse(body_of(recv_frames(sock, f"the reply to {frames!r}"[:200])))

@@ -1,0 +1,155 @@
+"""STATUS and STATUS_REPLY, per docs/PROTOCOL.md: header, the documented fields, JSON rules."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import zmq
+
+import sfwire
+from sfwire import STATUS_REPLY, WORKER_STATES
+
+
+def get_status(sockets, rid: int = 77, kind: int = zmq.DEALER) -> tuple[sfwire.Reply, dict]:
+    reply = sfwire.request(sockets(kind), sfwire.status(rid))
+    assert (reply.version, reply.type, reply.flags, reply.request_id) == (1, STATUS_REPLY, 0, rid), reply
+    return reply, reply.json
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_num(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def test_status_reply_header_and_utf8_json(server, sockets):
+    reply, st = get_status(sockets, rid=2**64 - 2)
+    reply.payload.decode("utf-8", errors="strict")
+    assert isinstance(st, dict)
+
+
+def test_status_over_req_and_with_delimiter(server, sockets):
+    get_status(sockets, rid=5, kind=zmq.REQ)
+    sock = sockets()
+    sock.send_multipart([b"", sfwire.status(6)])
+    frames = sfwire.recv_frames(sock)
+    assert len(frames) == 2 and frames[0] == b"", frames
+    assert sfwire.parse(frames[1]).request_id == 6
+
+
+def test_status_top_level_fields(server, sockets):
+    _, st = get_status(sockets)
+    for key in ("version", "broker", "layout", "region", "workers"):
+        assert key in st, f"STATUS_REPLY lacks {key!r}: {sorted(st)}"
+    assert st["version"] == 1
+    assert st["region"] == 0
+    assert isinstance(st["workers"], list)
+
+
+def test_status_broker_fields(server, sockets):
+    _, st = get_status(sockets)
+    broker = st["broker"]
+    for key in ("pid", "bind", "mode", "state", "uptime_s", "workers_in_rotation", "slots", "counters"):
+        assert key in broker, f"broker lacks {key!r}: {sorted(broker)}"
+    assert is_int(broker["pid"]) and broker["pid"] > 0
+    assert broker["bind"] == server.endpoint
+    assert broker["mode"] in ("embedded", "etcd") and broker["mode"] == "embedded"
+    assert broker["state"] in ("serving", "stopping") and broker["state"] == "serving"
+    assert is_num(broker["uptime_s"]) and broker["uptime_s"] >= 0
+    assert broker["workers_in_rotation"] == server.workers
+    assert isinstance(broker["counters"], dict)
+    slots = broker["slots"]
+    assert isinstance(slots, list) and len(slots) == server.workers, slots
+    for slot in slots:
+        for key in ("slot", "pid", "restarts", "last_exit", "restart_in_s"):
+            assert key in slot, f"slot lacks {key!r}: {slot}"
+        assert is_int(slot["slot"]) and is_int(slot["pid"]) and is_int(slot["restarts"])
+    assert sorted(s["slot"] for s in slots) == list(range(server.workers))
+
+
+def test_status_layout_fields(server, sockets):
+    _, st = get_status(sockets)
+    lay = st["layout"]
+    for key in ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits"):
+        assert key in lay and is_int(lay[key]), f"layout.{key}: {lay}"
+    assert lay["time_bits"] + lay["region_bits"] + lay["worker_bits"] + lay["sequence_bits"] == 63, lay
+    # The default layout of the doc (the server runs with defaults).
+    assert lay == {
+        "epoch_ms": 1767225600000,  # 2026-01-01T00:00:00Z
+        "time_bits": 41,
+        "region_bits": 3,
+        "worker_bits": 7,
+        "sequence_bits": 12,
+    }
+
+
+def test_status_worker_fields(server, sockets):
+    _, st = get_status(sockets)
+    workers = st["workers"]
+    assert len(workers) == server.workers, workers
+    slots = {s["slot"]: s["pid"] for s in st["broker"]["slots"]}
+    max_worker = 1 << st["layout"]["worker_bits"]
+    for w in workers:
+        for key in (
+            "worker_id",
+            "state",
+            "pid",
+            "slot",
+            "in_rotation",
+            "token",
+            "reserved_until_ms",
+            "last_ms",
+            "fence_in_s",
+            "lease_remaining_s",
+            "reason",
+        ):
+            assert key in w, f"worker entry lacks {key!r}: {sorted(w)}"
+        assert is_int(w["worker_id"]) and 0 <= w["worker_id"] < max_worker, w
+        assert w["state"] in WORKER_STATES, w["state"]
+        assert w["state"] == "ready" and w["in_rotation"] is True, w
+        assert slots.get(w["slot"]) == w["pid"], f"worker {w} is not the process of its slot {slots}"
+        assert is_int(w["reserved_until_ms"])
+    assert len({w["worker_id"] for w in workers}) == len(workers), "worker IDs are exclusive"
+
+
+def test_reserved_until_ms_is_ahead_of_minted_ids(server, sockets, layout):
+    """``reserved_until_ms`` is the persisted high-water mark in ms since the layout's epoch:
+    a worker never mints past it."""
+    sock = sockets()
+    minted = {}
+    for rid in range(1, 9):
+        first, _ = sfwire.request(sock, sfwire.reserve(rid, 10)).block
+        d = layout.decode(first)
+        minted[d.worker] = max(minted.get(d.worker, 0), d.unix_ms - layout.epoch_ms)
+    _, st = get_status(sockets)
+    now_rel = time.time() * 1000 - layout.epoch_ms
+    by_id = {w["worker_id"]: w for w in st["workers"]}
+    for worker, ms in minted.items():
+        mark = by_id[worker]["reserved_until_ms"]
+        assert mark >= ms, f"worker {worker} minted in ms {ms} past its mark {mark}"
+        assert mark < now_rel + 600_000, f"mark {mark} is not in ms since the epoch (now {now_rel:.0f})"
+
+
+def test_json_never_carries_integers_beyond_2_53(server, sockets):
+    """IDs inside JSON are decimal strings, because they exceed 2^53: no JSON number a JavaScript
+    client would round may appear, and every document survives a float-only parser unchanged."""
+    reply, st = get_status(sockets)
+    text = reply.payload.decode()
+
+    def walk(v, path="$"):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, f"{path}.{k}")
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, f"{path}[{i}]")
+        elif is_int(v):
+            assert abs(v) <= 2**53, f"{path} = {v} is a JSON number beyond 2^53 (should be a string)"
+        elif isinstance(v, str) and v.isdigit() and len(v) >= 16:
+            assert int(v) >= 0  # an ID as a decimal string: fine
+
+    walk(st)
+    assert json.loads(text, parse_int=float) == st

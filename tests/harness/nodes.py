@@ -1,0 +1,155 @@
+"""Real snowfence nodes for tests: each one a `python -m snowfence serve`
+process group on an ipc:// endpoint, and helpers to wait on conditions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from snowfence import Client
+from snowfence.errors import SnowfenceError
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except (SnowfenceError, OSError) as exc:
+            last_exc = exc
+            value = None
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(
+        f"timed out after {timeout_s} s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else "")
+    )
+
+
+class Node:
+    """One ``snowfence serve`` process group."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        name: str,
+        *,
+        workers: int = 2,
+        state_dir: Path | None = None,
+        args: tuple = (),
+        env: dict | None = None,
+    ) -> None:
+        self.name = name
+        self.dir = tmp_path
+        self.endpoint = f"ipc://{tmp_path}/{name}.sock"
+        self.state_dir = state_dir or tmp_path / f"{name}-state"
+        self.workers = workers
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = tmp_path / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.pgid: int | None = None
+
+    def start(self) -> Node:
+        cmd = [
+            sys.executable,
+            "-m",
+            "snowfence",
+            "serve",
+            "--bind",
+            self.endpoint,
+            "--state-dir",
+            str(self.state_dir),
+            "--workers",
+            str(self.workers),
+            *self.args,
+        ]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env, start_new_session=True)
+        log.close()
+        self.pgid = self.proc.pid
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def client(self, **kw) -> Client:
+        kw.setdefault("timeout_s", 2.0)
+        return Client(self.endpoint, **kw)
+
+    def status(self) -> dict:
+        with Client(self.endpoint, timeout_s=1.0, retries=0) as c:
+            return c.status()
+
+    def ready_workers(self) -> list[dict]:
+        return [w for w in self.status()["workers"] if w.get("in_rotation")]
+
+    def wait_ready(self, count: int | None = None, timeout_s: float = 20.0) -> list[dict]:
+        count = self.workers if count is None else count
+        return wait_for(
+            lambda: (lambda r: r if len(r) >= count else None)(self.ready_workers()),
+            timeout_s,
+            what=f"{count} ready workers on {self.name}; log:\n{self.log_tail()}",
+        )
+
+    def worker_pids(self) -> list[int]:
+        return sorted({w["pid"] for w in self.status()["workers"] if w.get("pid")})
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group and reap the broker."""
+        if self.pgid is not None:
+            try:
+                os.killpg(self.pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.wait(10)
+
+    def group_alive(self) -> bool:
+        if self.pgid is None:
+            return False
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        return group_has_live_members(self.pgid)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+
+def group_has_live_members(pgid: int) -> bool:
+    """True if a non-zombie process of the group is running."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state != "Z":
+            return True
+    return False
+
+
+def etcd_args(cluster, name: str = "test", *extra) -> tuple:
+    return ("--etcd", ",".join(cluster.endpoints), "--cluster", name, *extra)
