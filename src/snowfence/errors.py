@@ -14,6 +14,8 @@ class SnowfenceError(Exception):
 
     code = "internal"
     retriable = False
+    #: The request an error answers, when it was read far enough to know (see protocol).
+    request_id: int | None = None
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or self.__doc__.strip().splitlines()[0])

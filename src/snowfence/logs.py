@@ -53,6 +53,10 @@ class _JsonFormatter(logging.Formatter):
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         doc = {
             "ts": f"{stamp}.{int(record.msecs):03d}Z",
+            # The monotonic clock is shared by every process of a host and never
+            # steps: events of several processes order by it even when a wall
+            # clock was stepped.
+            "mono_s": round(time.monotonic(), 6),
             "level": record.levelname.lower(),
             "role": self.role,
             "pid": os.getpid(),

@@ -168,8 +168,6 @@ def decode_request(body: bytes) -> Request:
     ``request_id`` attribute holds the id to echo (0 if unreadable).
     """
     size = len(body)
-    if size > MAX_REQUEST_BYTES:
-        raise _with_id(FrameTooLarge(f"request of {size} bytes exceeds {MAX_REQUEST_BYTES}"), body)
     if size == 0:
         raise _with_id(BadRequest("empty request frame"), body)
     if body[0] != VERSION:
@@ -177,6 +175,8 @@ def decode_request(body: bytes) -> Request:
         err = UnsupportedVersion(f"protocol version {body[0]} is not supported; this server speaks {VERSION}")
         err.request_id = 0
         raise err
+    if size > MAX_REQUEST_BYTES:
+        raise _with_id(FrameTooLarge(f"request of {size} bytes exceeds {MAX_REQUEST_BYTES}"), body)
     if size < HEADER_SIZE:
         raise _with_id(BadRequest(f"request of {size} bytes is shorter than the {HEADER_SIZE}-byte header"), body)
     _, type_, flags, request_id = HEADER.unpack_from(body)

@@ -19,15 +19,16 @@ import time
 from pathlib import Path
 
 import pytest
-import zmq
-
 import sfwire
+import zmq
 
 #: Every test of this directory gets this timeout (pytest-timeout), well below the global one.
 TEST_TIMEOUT_S = 60
 READY_TIMEOUT_S = 20.0
 #: A Unix socket path must fit in sun_path (108 bytes with the NUL).
 MAX_IPC_PATH = 100
+#: Heartbeats fast enough that a stopped worker leaves rotation within a second.
+FAST_HEARTBEAT = ("--heartbeat-interval-s", "0.1", "--heartbeat-timeout-s", "0.5")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
         return
     here = Path(__file__).parent
     for item in items:
-        if here in Path(str(item.fspath)).parents and item.get_closest_marker("timeout") is None:
+        if here in item.path.parents and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
 
 
@@ -51,6 +52,8 @@ class Server:
         self.endpoint = f"ipc://{sock_path}"
         self.log_path = directory / "server.log"
         self.proc: subprocess.Popen | None = None
+        #: The STATUS_REPLY that showed the server ready.
+        self.ready_status: dict = {}
         self.ctx = zmq.Context()
         self._ids = itertools.count(1)
 
@@ -109,9 +112,7 @@ class Server:
                 ):
                     return st
             time.sleep(0.05)
-        raise AssertionError(
-            f"server not ready after {timeout_s} s (last: {last!r}); log:\n{self.log_tail()}"
-        )
+        raise AssertionError(f"server not ready after {timeout_s} s (last: {last!r}); log:\n{self.log_tail()}")
 
     def kill(self) -> None:
         """SIGKILL the whole process group, reap the broker, and wait for the group to be gone."""
@@ -168,7 +169,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def stalled_server(tmp_path_factory):
     """A 1-worker server whose worker is SIGSTOPped until the broker takes it out of rotation."""
-    srv = Server(tmp_path_factory.mktemp("stalled"), workers=1, args=_FAST_HEARTBEAT)
+    srv = Server(tmp_path_factory.mktemp("stalled"), workers=1, args=FAST_HEARTBEAT)
     pid = None
     try:
         srv.start()
@@ -188,9 +189,6 @@ def stalled_server(tmp_path_factory):
         srv.kill()
 
 
-_FAST_HEARTBEAT = ("--heartbeat-interval-s", "0.1", "--heartbeat-timeout-s", "0.5")
-
-
 @pytest.fixture(scope="session")
 def layout(server) -> sfwire.Layout:
     return sfwire.Layout.of(server.ready_status)
@@ -203,13 +201,18 @@ def worker_ids(server) -> set[int]:
 
 @pytest.fixture
 def sockets(server):
-    """``sockets(kind=zmq.DEALER, endpoint=None, timeout_ms=3000)``: raw sockets, closed at teardown."""
+    """``sockets(kind=zmq.DEALER, endpoint=None, timeout_ms=3000, connect=True)``: raw sockets connected
+    to the suite's server (or ``endpoint``), closed at teardown."""
     ctx = zmq.Context()
     made: list[zmq.Socket] = []
 
-    def make(kind: int = zmq.DEALER, endpoint: str | None = None, timeout_ms: int = 3000) -> zmq.Socket:
-        sock = sfwire.connect(ctx, endpoint or server.endpoint, kind, timeout_ms)
+    def make(
+        kind: int = zmq.DEALER, endpoint: str | None = None, timeout_ms: int = 3000, connect: bool = True
+    ) -> zmq.Socket:
+        sock = sfwire.socket(ctx, kind, timeout_ms)
         made.append(sock)
+        if connect:
+            sock.connect(endpoint or server.endpoint)
         return sock
 
     yield make

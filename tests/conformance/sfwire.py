@@ -165,11 +165,17 @@ class Layout:
 # -- sockets --------------------------------------------------------------------------
 
 
-def connect(ctx: zmq.Context, endpoint: str, kind: int = zmq.DEALER, timeout_ms: int = 3000) -> zmq.Socket:
+def socket(ctx: zmq.Context, kind: int = zmq.DEALER, timeout_ms: int = 3000) -> zmq.Socket:
+    """A socket whose sends and receives give up after ``timeout_ms`` and that never lingers."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
     sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
+    return sock
+
+
+def connect(ctx: zmq.Context, endpoint: str, kind: int = zmq.DEALER, timeout_ms: int = 3000) -> zmq.Socket:
+    sock = socket(ctx, kind, timeout_ms)
     sock.connect(endpoint)
     return sock
 

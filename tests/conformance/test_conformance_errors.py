@@ -12,11 +12,10 @@ import json
 import struct
 
 import pytest
-import zmq
-from zmq.utils.monitor import recv_monitor_message
-
 import sfwire
+import zmq
 from sfwire import ERROR, ERROR_CODES, MAX_BODY, MAX_MESSAGE
+from zmq.utils.monitor import recv_monitor_message
 
 RID = 0x0A0B0C0D0E0F1011
 
@@ -84,11 +83,6 @@ def test_after_flag_is_honoured_or_refused_as_bad_request(server, sockets):
         assert reply.json["code"] == "bad_request", reply.json
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server answers the well-formed 24-byte RESERVE+AFTER with bad_request but request id 0, "
-    "though the request could be read (the worker raises BadRequest without a request_id)",
-)
 def test_after_flag_refusal_echoes_the_request_id(server, sockets):
     _, reply = after_reply(sockets)
     if reply.type == ERROR:
@@ -206,20 +200,16 @@ def test_frame_too_large_with_a_delimiter(server, sockets):
     check_error(sfwire.parse(frames[1]), "frame_too_large", RID)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server checks the size before the version and echoes the request id of a version-2 body, "
-    "where the doc says the id is 0 for another protocol version",
-)
 def test_frame_too_large_of_another_version_has_request_id_0(server, sockets):
     body = sfwire.reserve(RID, 1, version=2) + b"\x00" * 300
     check_error(ask(sockets, body), ("frame_too_large", "unsupported_version"), 0)
 
 
 def test_message_over_64_kib_is_dropped_and_the_connection_closed(server, sockets):
-    sock = sockets(timeout_ms=500)
+    sock = sockets(timeout_ms=500, connect=False)
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
     monitor.setsockopt(zmq.RCVTIMEO, 3000)
+    sock.connect(server.endpoint)  # after the monitor, so that it sees the connection
     try:
         assert recv_monitor_message(monitor)["event"] == zmq.EVENT_CONNECTED
         sock.send(sfwire.reserve(RID, 1) + b"\x00" * (MAX_MESSAGE + 1 - 16))
@@ -248,12 +238,6 @@ def test_unavailable_when_no_worker_is_in_rotation(stalled_server, sockets):
     assert all(w["in_rotation"] is False for w in st["workers"]), st["workers"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with no worker in rotation, a 16-byte RESERVE with count 0/4097 or unknown flags (and a "
-    "RESERVE+AFTER) gets the retriable 'unavailable' instead of bad_request: the broker's fast path "
-    "forwards any 16-byte RESERVE unchecked and only workers validate count and flags",
-)
 @pytest.mark.parametrize(
     "body",
     [

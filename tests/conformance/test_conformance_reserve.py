@@ -6,9 +6,8 @@ import random
 import time
 
 import pytest
-import zmq
-
 import sfwire
+import zmq
 from sfwire import BLOCK, ERROR, MAX_COUNT
 
 #: How far a minted millisecond may be from this host's clock (same host, loaded CI machine).
@@ -214,6 +213,7 @@ def test_ids_unique_across_thousands_of_requests(server, sockets, layout):
                 except zmq.Again:
                     break
                 reply = sfwire.parse(sfwire.body_of(frames))
+                assert reply.request_id in inflight[s], f"reply to no request in flight on this socket: {reply}"
                 n = inflight[s].pop(reply.request_id)
                 done += 1
                 if reply.type == ERROR:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-import zmq
-
 import sfwire
+import zmq
 from sfwire import STATUS_REPLY, WORKER_STATES
 
 

@@ -54,11 +54,9 @@ _SNDMORE = int(zmq.SNDMORE)
 _REPLY = protocol.REPLY
 _REFUSED = protocol.REFUSED
 _STATE = protocol.STATE
-_RESERVE_SIZE = protocol.RESERVE_SIZE
-_VERSION = protocol.VERSION
-_RESERVE = protocol.RESERVE
 _split_routed = protocol.split_routed
 _encode_work = protocol.encode_work
+_plain_reserve = protocol.plain_reserve
 
 
 class Link:
@@ -155,7 +153,7 @@ class Router:
                 )
                 continue
             counters["requests"] += 1
-            if len(body) == _RESERVE_SIZE and body[0] == _VERSION and body[1] == _RESERVE:
+            if _plain_reserve(body) is not None:
                 if not self.dispatch(meta, addr, body):
                     return
             else:
@@ -172,6 +170,10 @@ class Router:
             return
         if request.type == protocol.STATUS:
             self.to_client(meta, addr, protocol.encode_status_reply(request.request_id, self.status()))
+        elif request.after is not None:
+            self.counters["bad_request"] += 1
+            err = BadRequest("this server does not support causal tokens (the AFTER flag)")
+            self.to_client(meta, addr, protocol.encode_error(request.request_id, err))
         else:
             self.dispatch(meta, addr, body)
 

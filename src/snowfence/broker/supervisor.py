@@ -250,7 +250,7 @@ class Supervisor:
             popen = proc.popen
             if popen is None or popen.poll() is None:
                 continue
-            status = popen.returncode
+            status, pid = popen.returncode, popen.pid
             self._forget(proc)
             proc.last_exit = status
             if self.stopping:
@@ -275,6 +275,7 @@ class Supervisor:
                 f"worker slot {proc.slot} exited with {how} after {ran_s:.1f} s; restarting in {delay:.2f} s",
                 level=logging.WARNING,
                 slot=proc.slot,
+                pid=pid,
                 exit_status=status,
                 restart_in_s=delay,
             )

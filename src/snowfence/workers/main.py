@@ -240,7 +240,9 @@ class Worker:
                     raise BadRequest("this server does not support causal tokens (the AFTER flag)")
             except BadRequest as err:
                 self.counters["bad_request"] += 1
-                reply = protocol.encode_error(getattr(err, "request_id", 0), err)
+                reply = protocol.encode_error(
+                    protocol.request_id_of(body) if err.request_id is None else err.request_id, err
+                )
                 _send(self.sock, protocol.encode_reply(meta, addr, reply))
                 return
             plain = request.request_id, request.count
