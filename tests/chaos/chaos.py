@@ -24,6 +24,7 @@ the time from each fault's end to full service.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import json
 import os
@@ -435,14 +436,21 @@ def ownership(w: World) -> dict[tuple[str, int], list[tuple[int, int]]]:
 def check(w: World, outs: list[Path], faults: list[FaultRecord]) -> Verdict:
     v = Verdict()
     names = list(w.nodes)
-    rows = [r for out in outs for r in recorder.read(str(out))]
-    blocks = [r for r in rows if r[3] == 0]
-    calls = {(r[0], r[1], r[2]) for r in rows}
+    blocks = []
+    calls = []  # (send_ns, ok), one per call
+    for out in outs:
+        previous = None
+        for r in recorder.read(str(out)):
+            key = (r[0], r[1], r[2], r[3])
+            if key != previous:  # the rows of one call are consecutive and share these fields
+                calls.append((r[0], r[3] == 0))
+                v.outcomes[recorder.OUTCOMES[r[3]]] += 1
+                previous = key
+            if r[3] == 0:
+                blocks.append(r)
     v.calls = len(calls)
     v.blocks = len(blocks)
     v.ids = sum(r[5] for r in blocks)
-    for r in {(r[0], r[1], r[2], r[3]) for r in rows}:
-        v.outcomes[recorder.OUTCOMES[r[3]]] += 1
 
     # 1. Every acknowledged ID is unique.
     spans = sorted((r[4], r[4] + r[5] - 1) for r in blocks)
@@ -477,21 +485,26 @@ def check(w: World, outs: list[Path], faults: list[FaultRecord]) -> Verdict:
             v.violations.append(f"{node} answered with worker ID {wid} at {r[0]}-{r[1]} ns without holding it")
 
     # Availability during each fault, and recovery.
+    calls.sort()
+    sends = [c[0] for c in calls]
+    answered = [0]
+    for _, ok in calls:
+        answered.append(answered[-1] + ok)
     for f in faults:
-        during = [c for c in calls if f.start_ns <= c[0] <= f.end_ns]
-        ok = {c for c in during if any(r[0] == c[0] and r[2] == c[2] and r[3] == 0 for r in rows)} if during else set()
+        lo, hi = bisect.bisect_left(sends, f.start_ns), bisect.bisect_right(sends, f.end_ns)
+        n = hi - lo
         v.faults.append(
             {
                 "kind": f.kind,
                 "target": f.target,
                 "seconds": round((f.end_ns - f.start_ns) / 1e9, 2),
-                "calls": len(during),
-                "answered": round(len(ok) / len(during), 3) if during else None,
+                "calls": n,
+                "answered": round((answered[hi] - answered[lo]) / n, 3) if n else None,
                 "to_full_service_s": None if f.full_service_ns < 0 else round((f.full_service_ns - f.end_ns) / 1e9, 2),
             }
         )
-    if v.violations:
-        v.violations = v.violations[:50] + ([f"... {len(v.violations) - 50} more"] if len(v.violations) > 50 else [])
+    if len(v.violations) > 50:
+        v.violations = v.violations[:50] + [f"... {len(v.violations) - 50} more"]
     return v
 
 
