@@ -1,6 +1,6 @@
 """snowfence: 64-bit, time-ordered IDs that are never issued twice."""
 
-from .clients import Block, Client
+from .clients import AsyncClient, Block, Client, as_array, as_numpy
 from .errors import (
     BadRequest,
     ClockUnsafe,
@@ -15,6 +15,9 @@ from .ids import DEFAULT_LAYOUT, Decoded, Layout, decode
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncClient",
+    "as_array",
+    "as_numpy",
     "BadRequest",
     "Block",
     "Client",

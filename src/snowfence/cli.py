@@ -1,7 +1,7 @@
 """The ``snowfence`` command: turns arguments into config and calls the package.
 
 snowfence serve [--bind EP] [--workers N] [--region R] [--state-dir DIR] [--config FILE] ...
-snowfence reserve N [--connect EP[,EP...]] [--json]
+snowfence reserve N [--connect EP[,EP...]] [--format text|json|binary|blocks]
 snowfence decode ID... [--json]
 snowfence status [--connect EP[,EP...]] [--json]
 snowfence bench [--connect EP] [--duration S] [--batch N] [--clients C] [--depth D] [--rate R] [--json]
@@ -10,6 +10,7 @@ snowfence bench [--connect EP] [--duration S] [--batch N] [--clients C] [--depth
 from __future__ import annotations
 
 import argparse
+import array
 import os
 import sys
 
@@ -82,8 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
     reserve = sub.add_parser("reserve", help="Reserve N IDs and print them.")
     reserve.add_argument("count", type=int, metavar="N")
     _connect_arg(reserve)
-    reserve.add_argument("--json", action="store_true", help="Print one JSON array of IDs as strings.")
-    reserve.add_argument("--blocks", action="store_true", help="Print blocks (first, count) instead of IDs.")
+    reserve.add_argument(
+        "--format",
+        choices=["text", "json", "binary", "blocks"],
+        default="text",
+        help="text: one ID per line; json: one array of IDs as strings; binary: raw little-endian int64; "
+        "blocks: 'first count' per line. Output streams as IDs arrive.",
+    )
+    reserve.add_argument("--json", dest="format", action="store_const", const="json", help="Same as --format json.")
+    reserve.add_argument(
+        "--chunk",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="IDs reserved per round while streaming (default 1,000,000).",
+    )
 
     decode = sub.add_parser(
         "decode",
@@ -160,19 +174,47 @@ def _client(args: argparse.Namespace):
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
+    if args.count < 1 or args.chunk < 1:
+        raise ConfigError("N and --chunk must be at least 1")
+    out = sys.stdout.buffer
+    write = _WRITERS[args.format]
+    first = True
+    if args.format == "json":
+        out.write(b"[")
     with _client(args) as client:
-        blocks = client.reserve(args.count)
-    out = sys.stdout
-    if args.blocks:
-        for b in blocks:
-            out.write(f"{b.first} {b.count}\n")
-    elif args.json:
-        out.write(orjson.dumps([str(i) for b in blocks for i in b]).decode() + "\n")
-    else:
-        for b in blocks:
-            out.write("".join(f"{i}\n" for i in b))
+        left = args.count
+        while left:
+            blocks = client.reserve(min(left, args.chunk))
+            for block in blocks:
+                write(out, block, first)
+                first = False
+            left -= sum(b.count for b in blocks)
+    if args.format == "json":
+        out.write(b"]\n")
     out.flush()
     return 0
+
+
+def _write_text(out, block, first: bool) -> None:
+    out.write("\n".join(map(str, block.range())).encode() + b"\n")
+
+
+def _write_json(out, block, first: bool) -> None:
+    out.write((b"" if first else b",") + ",".join(f'"{i}"' for i in block.range()).encode())
+
+
+def _write_binary(out, block, first: bool) -> None:
+    ids = array.array("q", block.range())
+    if sys.byteorder == "big":
+        ids.byteswap()
+    out.write(ids.tobytes())
+
+
+def _write_blocks(out, block, first: bool) -> None:
+    out.write(f"{block.first} {block.count}\n".encode())
+
+
+_WRITERS = {"text": _write_text, "json": _write_json, "binary": _write_binary, "blocks": _write_blocks}
 
 
 def cmd_decode(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """Clients: a sans-I/O core and the transports built on it."""
 
+from .aio import AsyncClient
 from .blocking import Client
-from .core import Block
+from .core import Block, as_array, as_numpy
 
-__all__ = ["Block", "Client"]
+__all__ = ["AsyncClient", "Block", "Client", "as_array", "as_numpy"]

@@ -19,7 +19,7 @@ import zmq
 
 from .. import protocol
 from ..errors import SnowfenceError, Timeout
-from .core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_WINDOW, Block, Core, Pending, ReserveJob
+from .core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_WINDOW, Block, Core, Pending, ReserveJob, apply_reply
 
 
 class Client:
@@ -176,14 +176,7 @@ class Client:
                         matched = core.match(body)
                         if matched is None or matched[0].job is not job:
                             continue
-                        pending, reply = matched
-                        if reply.type == protocol.BLOCK:
-                            job.on_block(pending.count, Block(reply.first, reply.count))
-                            continue
-                        err = reply.error or SnowfenceError(f"unexpected reply type 0x{reply.type:02x}")
-                        if not err.retriable or not job.on_lost(pending.count, err):
-                            raise err
-                        backoff = max(backoff, job.backoff_s())
+                        backoff = max(backoff, apply_reply(job, *matched))
                 expired = [p for p in mine() if p.deadline_ns <= time.monotonic_ns()]
                 if expired:
                     core.abandon(expired)

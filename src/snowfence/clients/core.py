@@ -200,3 +200,38 @@ class ReserveJob:
 
     def result(self) -> list[Block]:
         return sorted(self.blocks, key=lambda b: b.first)
+
+
+def apply_reply(job: ReserveJob, pending: Pending, reply: protocol.Reply) -> float:
+    """Feed one matched reply to its job.
+
+    Returns 0, or the back-off (seconds) to wait before asking again after a
+    retriable refusal; raises the error when it is not retriable or the job has
+    no retries left.
+    """
+    if reply.type == protocol.BLOCK:
+        job.on_block(pending.count, Block(reply.first, reply.count))
+        return 0.0
+    err = reply.error or SnowfenceError(f"unexpected reply type 0x{reply.type:02x} to RESERVE")
+    if not err.retriable or not job.on_lost(pending.count, err):
+        raise err
+    return job.backoff_s()
+
+
+def as_array(blocks: list[Block]):
+    """All IDs of ``blocks`` as one flat ``array('q')`` (64-bit signed ints)."""
+    import array
+
+    out = array.array("q")
+    for b in blocks:
+        out.extend(range(b.first, b.first + b.count))
+    return out
+
+
+def as_numpy(blocks: list[Block]):
+    """All IDs of ``blocks`` as one NumPy int64 array, built without Python ints."""
+    import numpy as np
+
+    if not blocks:
+        return np.empty(0, dtype=np.int64)
+    return np.concatenate([np.arange(b.first, b.first + b.count, dtype=np.int64) for b in blocks])

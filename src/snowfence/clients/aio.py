@@ -1,0 +1,271 @@
+"""The asyncio client: the same sans-I/O core as the blocking client, on zmq.asyncio.
+
+One DEALER socket per client and one reader task that hands each reply to the
+request waiting for it (by request id), so any number of tasks can reserve at
+once. A request with no reply within ``timeout_s`` resets the socket (and with
+it every request still on it: those are asked again on the new one), so a
+stale reply can never answer a newer request. Runs on any asyncio loop;
+:func:`run` uses uvloop when it is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator, Awaitable, Sequence
+
+import zmq
+import zmq.asyncio
+
+from .. import protocol
+from ..errors import SnowfenceError, Timeout
+from .core import (
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WINDOW,
+    Block,
+    Core,
+    Pending,
+    ReserveJob,
+    apply_reply,
+)
+
+
+def run(main: Awaitable):
+    """``asyncio.run`` on uvloop when it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+class AsyncClient:
+    """Reserve IDs from snowfence brokers from asyncio code.
+
+    Same names as :class:`snowfence.Client`: ``await reserve(n)``, ``ids()`` (an
+    async iterator), ``await status()``; use ``async with``.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        window: int = DEFAULT_WINDOW,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not self.endpoints:
+            raise ValueError("at least one endpoint is needed")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.window = window
+        self._timeout_ns = int(timeout_s * 1e9)
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self._core = Core()
+        self._endpoint_index = 0
+        self._sock: zmq.asyncio.Socket | None = None
+        self._reader: asyncio.Task | None = None
+        self._waiters: dict[int, asyncio.Future] = {}
+        self.resets = 0
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[self._endpoint_index]
+
+    # -- transport ----------------------------------------------------------------------
+
+    def _socket(self) -> zmq.asyncio.Socket:
+        if self._closed:
+            raise SnowfenceError("the client is closed")
+        if self._sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.endpoint)
+            self._sock = sock
+            self._reader = asyncio.get_running_loop().create_task(self._read(sock))
+        return self._sock
+
+    async def _read(self, sock: zmq.asyncio.Socket) -> None:
+        """Hand each reply to the request waiting for it; drop stale ones."""
+        try:
+            while True:
+                body = await sock.recv()
+                matched = self._core.match(body)
+                if matched is None:
+                    continue
+                future = self._waiters.pop(matched[0].request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(matched)
+        except (asyncio.CancelledError, zmq.ZMQError):
+            pass
+
+    def _reset(self, rotate: bool = True) -> None:
+        """Close the socket with everything still on it; the waiters learn it is gone."""
+        self._core.abandon(list(self._core.inflight.values()))
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_result(None)
+        self._waiters.clear()
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if rotate and len(self.endpoints) > 1:
+            self._endpoint_index = (self._endpoint_index + 1) % len(self.endpoints)
+        self.resets += 1
+
+    async def _ask(self, pending: Pending, frame: bytes) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[pending.request_id] = future
+        await self._socket().send(frame)
+        return future
+
+    # -- public API ---------------------------------------------------------------------
+
+    async def reserve(self, n: int, *, after: int | None = None) -> list[Block]:
+        """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``."""
+        return await self._reserve(n, after=after)
+
+    async def _reserve(self, n: int, *, after: int | None = None, chunk: int = protocol.MAX_BLOCK) -> list[Block]:
+        job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
+        core = self._core
+        waiting: dict[asyncio.Future, Pending] = {}
+        try:
+            while not job.done:
+                now = time.monotonic_ns()
+                for count in job.to_send():
+                    pending, frame = core.reserve(count, now + self._timeout_ns, job, job.after)
+                    waiting[await self._ask(pending, frame)] = pending
+                deadline = min(p.deadline_ns for p in waiting.values())
+                done, _ = await asyncio.wait(
+                    waiting,
+                    timeout=max(0.0, (deadline - time.monotonic_ns()) / 1e9),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                backoff = 0.0
+                for future in done:
+                    pending = waiting.pop(future)
+                    matched = future.result()
+                    if matched is None:  # the socket was reset under it: ask again
+                        job.requeue(pending.count)
+                        continue
+                    delay = apply_reply(job, matched[0], matched[1])
+                    if delay:
+                        backoff = max(backoff, delay)
+                expired = [(f, p) for f, p in waiting.items() if p.deadline_ns <= time.monotonic_ns()]
+                if expired:
+                    for future, p in expired:
+                        del waiting[future]
+                        if not job.on_lost(
+                            p.count, Timeout(f"no reply from {self.endpoint} within {self.timeout_s} s")
+                        ):
+                            raise job.last_error
+                    self._requeue_all(job, waiting)
+                    self._reset()
+                elif backoff:
+                    if len(self.endpoints) > 1:
+                        self._requeue_all(job, waiting)
+                        self._reset()
+                    await asyncio.sleep(backoff)
+        except BaseException:
+            for pending in waiting.values():
+                self._waiters.pop(pending.request_id, None)
+            core.abandon(list(waiting.values()))
+            raise
+        return job.result()
+
+    def _requeue_all(self, job: ReserveJob, waiting: dict) -> None:
+        for pending in waiting.values():
+            job.requeue(pending.count)
+            self._waiters.pop(pending.request_id, None)
+        self._core.abandon(list(waiting.values()))
+        waiting.clear()
+
+    async def status(self) -> dict:
+        """The broker's view of itself and its workers."""
+        for _ in range(self.retries + 1):
+            pending, frame = self._core.status(time.monotonic_ns() + self._timeout_ns)
+            future = await self._ask(pending, frame)
+            try:
+                matched = await asyncio.wait_for(future, self.timeout_s)
+            except TimeoutError:
+                self._waiters.pop(pending.request_id, None)
+                self._reset()
+                continue
+            if matched is None:
+                continue
+            reply = matched[1]
+            if reply.error is not None:
+                raise reply.error
+            return reply.status
+        raise Timeout(f"no status reply from {self.endpoint} within {self.timeout_s} s")
+
+    async def ids(
+        self, batch: int = protocol.MAX_BLOCK, prefetch: int = 64, max_age_s: float | None = 1.0
+    ) -> AsyncIterator[int]:
+        """An endless async iterator of IDs that keeps blocks in hand (see ``Client.ids``).
+
+        A background task refills the blocks; the number kept adapts to the
+        consumer between 1 and ``prefetch``, and blocks older than ``max_age_s``
+        when their turn comes are dropped.
+        """
+        if not 1 <= batch <= protocol.MAX_BLOCK or prefetch < 1:
+            raise ValueError(f"need 1 <= batch <= {protocol.MAX_BLOCK} and prefetch >= 1")
+        max_age_ns = None if max_age_s is None else int(max_age_s * 1e9)
+        blocks: collections.deque[tuple[int, range]] = collections.deque()
+        state = {"target": min(2, prefetch), "error": None}
+        wanted = asyncio.Event()
+        arrived = asyncio.Event()
+
+        async def refill() -> None:
+            try:
+                while True:
+                    while len(blocks) >= state["target"]:
+                        wanted.clear()
+                        await wanted.wait()
+                    got = await self._reserve((state["target"] - len(blocks)) * batch, chunk=batch)
+                    now = time.monotonic_ns()
+                    blocks.extend((now, b.range()) for b in got)
+                    arrived.set()
+            except SnowfenceError as exc:
+                state["error"] = exc
+                arrived.set()
+
+        task = asyncio.get_running_loop().create_task(refill())
+        try:
+            while True:
+                while not blocks:
+                    if state["error"] is not None:
+                        raise state["error"]
+                    state["target"] = min(prefetch, state["target"] * 2)
+                    arrived.clear()
+                    wanted.set()
+                    await arrived.wait()
+                fetched_ns, ids = blocks.popleft()
+                wanted.set()
+                if max_age_ns is not None and time.monotonic_ns() - fetched_ns > max_age_ns:
+                    state["target"] = max(1, state["target"] // 2)
+                    continue
+                for id_ in ids:
+                    yield id_
+        finally:
+            task.cancel()
+
+    async def close(self) -> None:
+        self._reset(rotate=False)
+        self._closed = True
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

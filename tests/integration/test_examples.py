@@ -1,0 +1,65 @@
+"""The guide's examples run against a real server and do what they say."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_bulk_loader_writes_rows_with_unique_ids(nodes, tmp_path):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    out = tmp_path / "rows.csv"
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "bulk_loader.py"),
+            "--connect",
+            node.endpoint,
+            "--rows",
+            "50000",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    ids = [int(r["id"]) for r in rows]
+    assert len(ids) == 50_000 and len(set(ids)) == 50_000
+
+
+def test_pipeline_stamps_every_event(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / "pipeline.py"), "--connect", node.endpoint, "--events", "20000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "stamped 20000 events" in p.stderr
+
+
+def test_load_test_script_runs_and_checks_every_id(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    env = {**os.environ, "DURATION": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    p = subprocess.run(
+        ["sh", str(EXAMPLES / "load_test.sh"), node.endpoint], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("unique       yes") == 2
+    result = orjson.loads(p.stdout[p.stdout.index("{") :])
+    assert result["check"]["unique"] and result["requests_per_s"] > 0
