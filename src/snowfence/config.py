@@ -45,6 +45,9 @@ class Config:
         "for speed beyond 4,096 IDs per millisecond per process.",
         metavar="N",
     )
+    max_inflight_per_client: int = setting(
+        1024, "Requests one client connection may have in flight; beyond it, 'overloaded'.", metavar="N"
+    )
     worker_credits: int = setting(
         16, "Requests the broker may queue at one worker before it picks another.", metavar="N"
     )
@@ -89,6 +92,28 @@ class Config:
         10, "Backward clock steps up to this many ms are waited out; larger ones refuse.", metavar="MS"
     )
 
+    max_clock_error_ms: int = setting(
+        0,
+        "Refuse while the kernel reports the clock unsynchronised or its maximum error above this many ms; "
+        "0 turns the check off (many hosts report an unsynchronised clock).",
+        metavar="MS",
+    )
+    forward_jump_ms: int = setting(
+        1000,
+        "A wall clock this many ms ahead of the monotonic clock's account is a forward jump: logged, counted.",
+        metavar="MS",
+    )
+    refuse_forward_jumps: bool = setting(
+        False, "Refuse (clock_unsafe) while the wall clock is ahead after a forward jump.", metavar="BOOL"
+    )
+
+    # -- operations ---------------------------------------------------------------------
+    metrics_bind: str = setting(
+        "",
+        "host:port for Prometheus metrics and health endpoints (/metrics, /livez, /readyz); empty is off.",
+        metavar="HOST:PORT",
+    )
+
     # -- processes ----------------------------------------------------------------------
     heartbeat_interval_s: float = setting(0.5, "Seconds between heartbeats of broker and workers.", metavar="S")
     heartbeat_timeout_s: float = setting(
@@ -118,6 +143,8 @@ class Config:
                 f"{self.workers} workers x {self.ids_per_worker} worker IDs each need more than the "
                 f"{layout.max_worker + 1} worker IDs a region has with {layout.worker_bits} worker bits"
             )
+        if self.max_inflight_per_client < 1:
+            raise ConfigError(f"max_inflight_per_client must be at least 1, got {self.max_inflight_per_client}")
         if not 1 <= self.worker_credits <= 1024:
             raise ConfigError(f"worker_credits must be 1..1024, got {self.worker_credits}")
         _positive(
@@ -146,6 +173,10 @@ class Config:
             )
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             raise ConfigError("heartbeat_timeout_s must be more than twice heartbeat_interval_s")
+        if self.max_clock_error_ms < 0 or self.forward_jump_ms < 1:
+            raise ConfigError("max_clock_error_ms must be >= 0 and forward_jump_ms >= 1")
+        if self.metrics_bind and (":" not in self.metrics_bind or not self.metrics_bind.rsplit(":", 1)[1].isdigit()):
+            raise ConfigError(f"metrics_bind must look like 127.0.0.1:9464, got {self.metrics_bind!r}")
         if not 0 <= self.max_step_back_ms <= 1000:
             raise ConfigError(f"max_step_back_ms must be 0..1000, got {self.max_step_back_ms}")
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -214,6 +245,15 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             return str(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError
         if kind == "tuple[str, ...]":
             if isinstance(value, str):
                 return tuple(part.strip() for part in value.split(",") if part.strip())

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -354,7 +355,7 @@ FAULTS = {
 
 def run_faults(
     w: World,
-    kinds: list[str],
+    kinds: Iterable[str],
     rng: random.Random,
     *,
     settle_s: float = 1.0,
@@ -576,15 +577,18 @@ SHORT = [
 ]
 
 
-def long_schedule(rng: random.Random, minutes: float) -> list[str]:
-    """Every kind once, then random faults; about one fault per 8 s."""
+def long_schedule(rng: random.Random, minutes: float):
+    """Every kind once, in random order, then random faults until ``minutes`` have passed."""
+    deadline = time.monotonic() + minutes * 60
     kinds = list(FAULTS)
     rng.shuffle(kinds)
-    count = max(len(kinds), int(minutes * 60 / 8))
-    return kinds + [rng.choice(list(FAULTS)) for _ in range(count - len(kinds))]
+    yield from kinds
+    while time.monotonic() < deadline:
+        yield rng.choice(list(FAULTS))
 
 
-def run(root: Path, kinds: list[str], seed: int = 1, log=print, **world_kw) -> Verdict:
+def run(root: Path, kinds, seed: int = 1, log=print, **world_kw) -> Verdict:
+    """Start the world, apply ``kinds`` (a list, or an iterator such as long_schedule), check."""
     rng = random.Random(seed)
     w = World(root, **world_kw)
     try:

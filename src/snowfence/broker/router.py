@@ -26,9 +26,10 @@ import zmq.backend
 
 from .. import protocol
 from ..config import Config
-from ..errors import BadRequest, SnowfenceError, Unavailable
+from ..errors import BadRequest, Overloaded, SnowfenceError, Unavailable
 from ..logs import event
 from ..workers.states import refusal_for
+from .metrics import Metrics
 
 log = logging.getLogger("snowfence.broker")
 
@@ -84,6 +85,7 @@ class Router:
         backend_endpoint: str,
         describe_broker: Callable[[], dict] | None = None,
         live_pids: set[int] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
         self.frontend = ctx.socket(zmq.ROUTER)
@@ -112,7 +114,19 @@ class Router:
         self._heartbeat_ns = int(config.heartbeat_interval_s * 1e9)
         self._timeout_ns = int(config.heartbeat_timeout_s * 1e9)
         self._next_ping_ns = 0
-        self.counters = {"requests": 0, "replies": 0, "retried": 0, "refused": 0, "unavailable": 0, "bad_request": 0}
+        self.counters = {
+            "requests": 0,
+            "replies": 0,
+            "retried": 0,
+            "refused": 0,
+            "unavailable": 0,
+            "bad_request": 0,
+            "overloaded": 0,
+        }
+        #: Requests in flight per client connection (address): over ``max_inflight``, ``overloaded``.
+        self.inflight: dict[bytes, int] = {}
+        self.max_inflight = config.max_inflight_per_client
+        self.metrics = metrics
 
     @property
     def wants_frontend(self) -> bool:
@@ -154,6 +168,9 @@ class Router:
                 continue
             counters["requests"] += 1
             if _plain_reserve(body) is not None:
+                if self.inflight.get(addr, 0) >= self.max_inflight:
+                    self.overloaded(meta, addr, body)
+                    continue
                 if not self.dispatch(meta, addr, body):
                     return
             else:
@@ -170,6 +187,8 @@ class Router:
             return
         if request.type == protocol.STATUS:
             self.to_client(meta, addr, protocol.encode_status_reply(request.request_id, self.status()))
+        elif self.inflight.get(addr, 0) >= self.max_inflight:
+            self.overloaded(meta, addr, body)
         elif request.after is not None:
             self.counters["bad_request"] += 1
             err = BadRequest("this server does not support causal tokens (the AFTER flag)")
@@ -202,7 +221,22 @@ class Router:
                 self.forget(link.ident, "its socket is gone")
                 continue
             link.outstanding += 1
+            if not meta & _META_TRIES:  # counted once per request, not per retry
+                self.inflight[addr] = self.inflight.get(addr, 0) + 1
             return True
+
+    def done(self, addr: bytes) -> None:
+        """A request of ``addr`` got its final answer."""
+        n = self.inflight.get(addr, 0)
+        if n > 1:
+            self.inflight[addr] = n - 1
+        elif n:
+            del self.inflight[addr]
+
+    def overloaded(self, meta: int, addr: bytes, body: bytes) -> None:
+        self.counters["overloaded"] += 1
+        err = Overloaded(f"more than {self.max_inflight} requests in flight on this connection")
+        self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), err))
 
     def pick(self) -> Link | None:
         """The next worker in rotation with credit, round robin."""
@@ -265,6 +299,7 @@ class Router:
                 meta, addr, reply = _split_routed(frame)
                 counters["replies"] += 1
                 to_client(meta, addr, reply)
+                self.done(addr)
                 if link is not None and link.outstanding > 0:
                     link.outstanding -= 1
             elif kind == _REFUSED:
@@ -286,6 +321,7 @@ class Router:
         else:
             self.counters["refused"] += 1
             self.to_client(meta, addr, error_reply)
+            self.done(addr)
 
     def on_state(self, ident: bytes, link: Link | None, frame: bytes) -> None:
         try:
@@ -306,6 +342,8 @@ class Router:
             )
         link.seen_ns = now_ns
         link.status = status
+        if self.metrics is not None:
+            self.metrics.observe(ident, status)
         link.slot = status.get("slot", -1)
         link.pid = status.get("pid", 0)
         link.capacity = max(1, int(status.get("credits", 1)))
@@ -337,6 +375,12 @@ class Router:
         link = self.links.pop(ident, None)
         if link is None:
             return
+        if self.metrics is not None:
+            self.metrics.forget(ident)
+        if link.outstanding:
+            # Its requests died with it, and we do not know whose they were: start
+            # the per-connection counts afresh rather than hold them against clients.
+            self.inflight.clear()
         if link.ready:
             link.ready = False
             self.rotation.remove(link)

@@ -28,6 +28,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..logs import event
 from ..workers.exits import HALT, Exit
+from .metrics import HealthServer, Metrics
 from .router import Router
 
 log = logging.getLogger("snowfence.broker")
@@ -69,6 +70,8 @@ class Supervisor:
         self.rundir = ""
         self.router: Router | None = None
         self.live_pids: set[int] = set()
+        self.metrics = Metrics()
+        self.health: HealthServer | None = None
 
     # -- signals ----------------------------------------------------------------------
 
@@ -94,9 +97,23 @@ class Supervisor:
         wake_w.setblocking(False)
         try:
             try:
-                self.router = Router(ctx, self.config, f"ipc://{self.rundir}/backend", self.describe, self.live_pids)
+                self.router = Router(
+                    ctx, self.config, f"ipc://{self.rundir}/backend", self.describe, self.live_pids, self.metrics
+                )
             except zmq.ZMQError as exc:
                 raise ConfigError(f"cannot bind {self.config.bind}: {exc.strerror}") from None
+            if self.config.metrics_bind:
+                try:
+                    self.health = HealthServer(self.config.metrics_bind, self.metrics)
+                except OSError as exc:
+                    raise ConfigError(f"cannot serve metrics on {self.config.metrics_bind}: {exc.strerror}") from None
+                self.health.start()
+                event(
+                    log,
+                    "metrics",
+                    f"metrics and health on http://{self.health.address}/metrics",
+                    address=self.health.address,
+                )
             signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 signal.signal(sig, self._enqueue)
@@ -118,6 +135,8 @@ class Supervisor:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             self.kill_all(signal.SIGKILL)
+            if self.health is not None:
+                self.health.close()
             if self.router is not None:
                 self.router.close()
             ctx.term()
@@ -163,6 +182,7 @@ class Supervisor:
                 continue
             next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
             router.tick(now_ns)
+            self.metrics.maybe_snapshot(now_ns, router, sum(p.restarts for p in self.procs))
             if now_ns >= next_reap_ns:
                 next_reap_ns = now_ns + int(self.config.heartbeat_interval_s * 1e9)
                 self.reap()

@@ -21,6 +21,8 @@ what it holds first.
 
 from __future__ import annotations
 
+import bisect
+import collections
 import ctypes
 import logging
 import os
@@ -48,6 +50,7 @@ from ..errors import (
 )
 from ..logs import event
 from ..logs import setup as setup_logs
+from .clock import ForwardJumps, read_kernel_clock
 from .exits import Exit
 from .lease import Keeper, Lease, PreferenceFile, Store
 from .minter import Minter
@@ -70,6 +73,8 @@ _split_routed = protocol.split_routed
 _plain_reserve = protocol.plain_reserve
 _encode_reply = protocol.encode_reply
 _encode_block = protocol.encode_block
+#: Upper bounds (ms) of the step-back histogram's buckets.
+STEP_BACK_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 1000, 10000)
 CLAIM_BACKOFF_MIN_S = 0.25
 CLAIM_BACKOFF_MAX_S = 10.0
 
@@ -108,6 +113,9 @@ class Held:
             "fence_in_s": None if not self.lease.expires else round((deadline - mono_ns) / 1e9, 3),
             "lease_remaining_s": self.lease.remaining_s(),
             "renewal_failures": self.keeper.failures,
+            "renewed_ago_s": None
+            if self.keeper.last_renewal_ns is None
+            else round((mono_ns - self.keeper.last_renewal_ns) / 1e9, 3),
             "last_renewal_latency_s": self.keeper.last_renewal_latency_s,
         }
 
@@ -141,7 +149,23 @@ class Worker:
         self._last_tick_ns = self._broker_seen_ns
         self._next_tick_ns = 0
         self._heard = False
-        self.counters = {"requests": 0, "ids": 0, "refused": {}, "bad_request": 0}
+        #: Monotonic counts since this process started; the broker turns them into
+        #: Prometheus counters that survive worker restarts.
+        self.counters: collections.Counter = collections.Counter()
+        #: Waits by cause, shared by this process's minters.
+        self.waits = {"step_back": 0, "sequence": 0}
+        #: Sizes of the steps back the minters saw: cumulative counts per bucket (ms).
+        self.step_back_hist = {
+            "le": list(STEP_BACK_BUCKETS_MS),
+            "counts": [0] * (len(STEP_BACK_BUCKETS_MS) + 1),
+            "sum_ms": 0,
+            "count": 0,
+        }
+        self.kernel_clock = read_kernel_clock()
+        self.jumps = ForwardJumps(config.forward_jump_ms)
+        #: Set while a host-clock policy (kernel error bound, forward jump) forbids minting.
+        self.clock_veto: str | None = None
+        self._next_clock_check_ns = 0
         namespace = f"embedded-r{config.region}" if config.embedded else f"etcd-{config.cluster}-r{config.region}"
         self.preferences = [
             PreferenceFile(config.state_dir, namespace, f"slot-{slot}" + (f"-{i}" if i else ""))
@@ -259,14 +283,13 @@ class Worker:
                 self.on_refused(held, err)
                 continue
             counters = self.counters
-            counters["requests"] += 1
+            counters["requests_ok"] += 1
             counters["ids"] += count
             _send(self.sock, _encode_reply(meta, addr, _encode_block(request_id, first, count)))
             return
         if error is None:
             error = self.not_ready_error()
-        refused = self.counters["refused"]
-        refused[error.code] = refused.get(error.code, 0) + 1
+        self.counters["refused_" + error.code] += 1
         self._send_state()  # leave rotation before the broker retries elsewhere
         _send(self.sock, protocol.encode_refused(meta, addr, body, protocol.encode_error(request_id, error)))
 
@@ -289,6 +312,8 @@ class Worker:
             return
         old, held.state = held.state, state
         held.since_ns = time.monotonic_ns()
+        if state in ("fenced", "clock_unsafe"):
+            self.counters[f"{state}_events"] += 1
         level = logging.WARNING if state in ("fenced", "clock_unsafe") else logging.INFO
         name = {"fenced": "fenced", "clock_unsafe": "clock_unsafe", "reserving": "reservation_expired"}.get(state)
         if name is None:
@@ -329,6 +354,7 @@ class Worker:
             self.stopping = True
         if self.stopping:
             return
+        self.check_clock(now_ns)
         for held in list(self.held):
             self._advance(held, now_ns)
         while len(self.held) < self.ids_wanted and now_ns >= self._next_claim_ns and not self.stopping:
@@ -354,12 +380,44 @@ class Worker:
             return
         if fenced:
             self._set_state(held, "fenced", "no lease renewal succeeded within the fence window")
+        elif self.clock_veto:
+            self._set_state(held, "clock_unsafe", self.clock_veto)
         elif minter.clock_unsafe and not minter.clock_recovered():
             self._set_state(held, "clock_unsafe", "wall clock is behind the last minted millisecond")
         elif minter.reserved_until_ms < minter.now_ms():
             self._set_state(held, "reserving", "waiting for the reservation to be extended")
         elif state != "ready":
             self._set_state(held, "ready", f"worker ID {held.lease.worker_id} is serving again")
+
+    def check_clock(self, now_ns: int) -> None:
+        """Host-clock policies beyond the minter: forward jumps, the kernel's error bound."""
+        if self.jumps.observe(time.time_ns(), now_ns):
+            self.counters["forward_jumps"] += 1
+            event(
+                log,
+                "clock_forward_jump",
+                f"wall clock jumped {self.jumps.ahead_ms} ms ahead of the monotonic clock",
+                level=logging.ERROR,
+                ahead_ms=self.jumps.ahead_ms,
+            )
+        veto = None
+        if self.config.refuse_forward_jumps and self.jumps.ahead_ms:
+            veto = f"wall clock is {self.jumps.ahead_ms} ms ahead after a forward jump"
+        if now_ns >= self._next_clock_check_ns:
+            self._next_clock_check_ns = now_ns + 1_000_000_000
+            self.kernel_clock = read_kernel_clock()
+        bound_ms = self.config.max_clock_error_ms
+        kc = self.kernel_clock
+        if bound_ms and kc is not None and (not kc.synchronized or kc.max_error_s * 1000 > bound_ms):
+            veto = veto or (
+                f"kernel clock {'unsynchronised' if not kc.synchronized else 'error'}: maximum error "
+                f"{kc.max_error_s * 1000:.0f} ms exceeds {bound_ms} ms"
+            )
+        if veto != self.clock_veto:
+            if veto:
+                event(log, "clock_veto", veto, level=logging.ERROR)
+            self.clock_veto = veto
+            self._state_dirty = True
 
     def _send_state(self) -> None:
         now_ns = time.monotonic_ns()
@@ -385,7 +443,10 @@ class Worker:
             "credits": self.config.worker_credits,
             "reason": self.reason,
             "held": [h.describe(now_ns) for h in self.held],
-            "counters": self.counters,
+            "counters": {**self.counters, **{f"waits_{k}": v for k, v in self.waits.items()}},
+            "step_back_ms": self.step_back_hist,
+            "kernel_clock": self.kernel_clock.to_dict() if self.kernel_clock else None,
+            "clock_ahead_ms": self.jumps.ahead_ms,
         }
 
     # -- leases -------------------------------------------------------------------------
@@ -425,7 +486,9 @@ class Worker:
             lease.worker_id,
             max_step_back_ms=self.config.max_step_back_ms,
             on_step_back=self._on_step_back,
+            waits=self.waits,
         )
+        self.counters["claims"] += 1
         minter.start_after(lease.claimed_mark_ms)
         keeper = Keeper(
             lease,
@@ -463,6 +526,10 @@ class Worker:
         return True
 
     def _on_step_back(self, back_ms: int, refused: bool) -> None:
+        hist = self.step_back_hist
+        hist["count"] += 1
+        hist["sum_ms"] += back_ms
+        hist["counts"][bisect.bisect_left(hist["le"], back_ms)] += 1
         if refused:
             event(
                 log,
@@ -476,6 +543,7 @@ class Worker:
         """Forget a lost lease: no release (it is not ours), then claim again."""
         held.keeper.stop(timeout_s=self.config.etcd_timeout_s * 2)
         held.lease.abandon()
+        self.counters["leases_lost"] += 1
         self.held.remove(held)
         self.ready = [h for h in self.held if h.state == "ready"]
         self.reason = why

@@ -70,6 +70,7 @@ class Minter:
         sleep: Callable[[float], None] = time.sleep,
         max_step_back_ms: int = 10,
         on_step_back: Callable[[int, bool], None] | None = None,
+        waits: dict | None = None,
     ) -> None:
         self.layout = layout
         self.region = layout.check_region(region)
@@ -96,8 +97,9 @@ class Minter:
         #: Set when a large step back was refused; the worker leaves rotation until
         #: the wall clock has passed ``last_ms`` again (see :meth:`clock_recovered`).
         self.clock_unsafe = False
-        #: Count of waits by cause: "step_back" and "sequence".
-        self.waits = {"step_back": 0, "sequence": 0}
+        #: Count of waits by cause: "step_back" and "sequence" (may be shared by
+        #: the minters of one process, so the counts outlive a lost lease).
+        self.waits = {"step_back": 0, "sequence": 0} if waits is None else waits
 
     # -- setup by the lease ------------------------------------------------------------
 

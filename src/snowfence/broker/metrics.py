@@ -1,0 +1,255 @@
+"""Prometheus metrics and health endpoints, served by the broker over HTTP.
+
+Workers report monotonic counts in every STATE frame; the broker adds up the
+increments, so its counters keep rising across worker restarts (a new worker
+process starts from zero under a new identity). Gauges come from the latest
+STATE of each worker. The broker's loop builds a snapshot every
+``SNAPSHOT_INTERVAL_NS``; the HTTP thread only ever reads the latest one, so it
+never touches state the loop is changing.
+
+    /metrics   Prometheus text format
+    /livez     200 while the broker's loop is turning
+    /readyz    200 while at least one worker ID is leased, unfenced, clock-healthy and in rotation
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ..workers.clock import read_kernel_clock
+
+log = logging.getLogger("snowfence.broker")
+
+SNAPSHOT_INTERVAL_NS = 500_000_000
+#: The loop counts as stuck when it has not built a snapshot for this long.
+LIVENESS_S = 5.0
+STATES = ("claiming", "waiting", "ready", "fenced", "clock_unsafe", "reserving", "stopping", "silent")
+
+
+class Metrics:
+    """Totals over all worker processes, and the latest snapshot for the HTTP thread."""
+
+    def __init__(self) -> None:
+        self.totals: Counter = Counter()
+        self.step_back_counts: list[int] = []
+        self.step_back_le: list[int] = []
+        self.step_back_sum_ms = 0
+        self._last: dict[bytes, dict] = {}
+        self._last_hist: dict[bytes, dict] = {}
+        self.families: list = []
+        self.ready_reason = "starting"
+        self.ready = False
+        self.snapshot_ns = time.monotonic_ns()
+        self._next_ns = 0
+
+    def observe(self, ident: bytes, status: dict) -> None:
+        """Add the increments of one worker's counts since its previous report."""
+        counters = status.get("counters") or {}
+        prev = self._last.get(ident, {})
+        for key, value in counters.items():
+            delta = value - prev.get(key, 0)
+            if delta > 0:
+                self.totals[key] += delta
+        self._last[ident] = counters
+        hist = status.get("step_back_ms")
+        if hist:
+            if not self.step_back_le:
+                self.step_back_le = list(hist["le"])
+                self.step_back_counts = [0] * len(hist["counts"])
+            before = self._last_hist.get(ident, {"counts": [0] * len(hist["counts"]), "sum_ms": 0})
+            for i, (now, then) in enumerate(zip(hist["counts"], before["counts"], strict=False)):
+                self.step_back_counts[i] += max(0, now - then)
+            self.step_back_sum_ms += max(0, hist["sum_ms"] - before["sum_ms"])
+            self._last_hist[ident] = hist
+
+    def forget(self, ident: bytes) -> None:
+        self._last.pop(ident, None)
+        self._last_hist.pop(ident, None)
+
+    def maybe_snapshot(self, now_ns: int, router, restarts: int) -> None:
+        if now_ns < self._next_ns:
+            return
+        self._next_ns = now_ns + SNAPSHOT_INTERVAL_NS
+        self.families = self.build(router, restarts)
+        self.snapshot_ns = now_ns
+
+    def build(self, router, restarts: int) -> list:
+        t, rc = self.totals, router.counters
+        fams = []
+
+        def counter(name, doc, value, labels=None):
+            fam = CounterMetricFamily(name, doc, labels=list(labels or {}))
+            fam.add_metric(list((labels or {}).values()), value)
+            fams.append(fam)
+
+        counter("snowfence_ids", "IDs minted and sent.", t["ids"])
+        req = CounterMetricFamily("snowfence_requests", "Requests answered, by result.", labels=["result"])
+        for result, value in (
+            ("ok", t["requests_ok"]),
+            ("bad_request", t["bad_request"] + rc["bad_request"]),
+            ("refused", rc["refused"]),
+            ("unavailable", rc["unavailable"]),
+            ("overloaded", rc["overloaded"]),
+        ):
+            req.add_metric([result], value)
+        fams.append(req)
+        ref = CounterMetricFamily("snowfence_refusals", "Refusals by a worker's minter, by reason.", labels=["reason"])
+        for reason in ("fenced", "clock_unsafe", "reservation_expired", "unavailable"):
+            ref.add_metric([reason], t[f"refused_{reason}"])
+        fams.append(ref)
+        counter("snowfence_retries", "Refused requests the broker sent to another worker.", rc["retried"])
+        waits = CounterMetricFamily("snowfence_waits", "Waits inside the minter, by cause.", labels=["cause"])
+        waits.add_metric(["step_back"], t["waits_step_back"])
+        waits.add_metric(["sequence"], t["waits_sequence"])
+        fams.append(waits)
+        if self.step_back_le:
+            cumulative, buckets = 0, []
+            for le, n in zip([*map(str, self.step_back_le), "+Inf"], self.step_back_counts, strict=False):
+                cumulative += n
+                buckets.append((le, cumulative))
+            fams.append(
+                HistogramMetricFamily(
+                    "snowfence_clock_step_back_ms",
+                    "Sizes of wall-clock steps back seen by minters (ms).",
+                    buckets=buckets,
+                    sum_value=self.step_back_sum_ms,
+                )
+            )
+        counter("snowfence_fence_events", "Times a worker ID became fenced.", t["fenced_events"])
+        counter(
+            "snowfence_clock_unsafe_events", "Times a worker ID left rotation for its clock.", t["clock_unsafe_events"]
+        )
+        counter("snowfence_clock_forward_jumps", "Forward jumps of the wall clock seen by workers.", t["forward_jumps"])
+        counter("snowfence_leases_lost", "Worker-ID leases lost (expired or taken over).", t["leases_lost"])
+        counter("snowfence_claims", "Worker IDs claimed.", t["claims"])
+        counter("snowfence_worker_restarts", "Worker processes restarted by the supervisor.", restarts)
+
+        states = Counter()
+        latency = GaugeMetricFamily(
+            "snowfence_lease_renewal_latency_seconds",
+            "Duration of the last successful lease renewal.",
+            labels=["worker_id"],
+        )
+        age = GaugeMetricFamily(
+            "snowfence_lease_renewal_age_seconds",
+            "Time since the last successful lease renewal was sent.",
+            labels=["worker_id"],
+        )
+        headroom = GaugeMetricFamily(
+            "snowfence_reservation_headroom_seconds",
+            "How far the persisted reservation is ahead of the wall clock.",
+            labels=["worker_id"],
+        )
+        ahead = GaugeMetricFamily(
+            "snowfence_clock_ahead_seconds",
+            "How far a worker's wall clock is ahead after a forward jump.",
+            labels=["slot"],
+        )
+        for link in router.links.values():
+            st = link.status
+            ahead.add_metric([str(link.slot)], (st.get("clock_ahead_ms") or 0) / 1000)
+            held = st.get("held") or []
+            if not held:
+                states["silent" if link.silent else st.get("state", "claiming")] += 1
+            for h in held:
+                states["silent" if link.silent else h.get("state")] += 1
+                wid = str(h.get("worker_id"))
+                if h.get("last_renewal_latency_s") is not None:
+                    latency.add_metric([wid], h["last_renewal_latency_s"])
+                if h.get("renewed_ago_s") is not None:
+                    age.add_metric([wid], h["renewed_ago_s"])
+                if h.get("reservation_headroom_ms") is not None:
+                    headroom.add_metric([wid], h["reservation_headroom_ms"] / 1000)
+        fams.extend([latency, age, headroom, ahead])
+        ws = GaugeMetricFamily("snowfence_worker_ids", "Worker IDs held, by state.", labels=["state"])
+        for state in STATES:
+            ws.add_metric([state], states[state])
+        fams.append(ws)
+        rot = GaugeMetricFamily("snowfence_workers_in_rotation", "Worker processes the broker routes to.")
+        rot.add_metric([], len(router.rotation))
+        fams.append(rot)
+        kc = read_kernel_clock()
+        if kc is not None:
+            for name, doc, value in (
+                (
+                    "snowfence_clock_synchronized",
+                    "1 if the kernel reports the wall clock synchronised.",
+                    float(kc.synchronized),
+                ),
+                ("snowfence_clock_max_error_seconds", "The kernel's maximum error of the wall clock.", kc.max_error_s),
+                (
+                    "snowfence_clock_estimated_error_seconds",
+                    "The kernel's estimated error of the wall clock.",
+                    kc.est_error_s,
+                ),
+            ):
+                g = GaugeMetricFamily(name, doc)
+                g.add_metric([], value)
+                fams.append(g)
+        self.ready = bool(router.rotation) and router.accepting
+        self.ready_reason = "ready" if self.ready else str(router.why_none_ready())
+        return fams
+
+
+class _Collector:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):
+        yield from self.metrics.families
+
+
+class HealthServer:
+    """Serves /metrics, /livez and /readyz from a daemon thread."""
+
+    def __init__(self, bind: str, metrics: Metrics) -> None:
+        host, port = bind.rsplit(":", 1)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(metrics))
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._reply(200, generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8")
+                elif path == "/livez":
+                    age_s = (time.monotonic_ns() - metrics.snapshot_ns) / 1e9
+                    ok = age_s < LIVENESS_S
+                    self._reply(200 if ok else 503, b"ok\n" if ok else f"loop stalled for {age_s:.1f} s\n".encode())
+                elif path == "/readyz":
+                    self._reply(200 if metrics.ready else 503, f"{metrics.ready_reason}\n".encode())
+                else:
+                    self._reply(404, b"not found: /metrics, /livez, /readyz\n")
+
+            def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, int(port)), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True)
+
+    @property
+    def address(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
