@@ -111,15 +111,16 @@ class Metrics:
         fams.append(waits)
         if self.step_back_le:
             cumulative, buckets = 0, []
-            for le, n in zip([*map(str, self.step_back_le), "+Inf"], self.step_back_counts, strict=False):
+            edges = [f"{le / 1000:g}" for le in self.step_back_le] + ["+Inf"]
+            for le, n in zip(edges, self.step_back_counts, strict=False):
                 cumulative += n
                 buckets.append((le, cumulative))
             fams.append(
                 HistogramMetricFamily(
-                    "snowfence_clock_step_back_ms",
-                    "Sizes of wall-clock steps back seen by minters (ms).",
+                    "snowfence_clock_step_back_seconds",
+                    "Sizes of wall-clock steps back seen by minters.",
                     buckets=buckets,
-                    sum_value=self.step_back_sum_ms,
+                    sum_value=self.step_back_sum_ms / 1000,
                 )
             )
         counter("snowfence_fence_events", "Times a worker ID became fenced.", t["fenced_events"])
