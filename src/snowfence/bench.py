@@ -39,6 +39,8 @@ class BenchSpec:
     warmup_s: float = 1.0
     check: bool = True
     timeout_s: float = 5.0
+    server_key: str | None = None
+    client_key: str | None = None
     layout: dict = field(default_factory=dict)
 
 
@@ -70,6 +72,10 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
+    if spec.server_key:
+        from .clients.security import Curve
+
+        Curve.for_client(spec.server_key, spec.client_key).apply(sock)
     sock.connect(spec.endpoints[index % len(spec.endpoints)])
     # An open-loop schedule needs waits shorter than a millisecond, which zmq_poll
     # cannot express: wait on the socket's file descriptor with select() instead
@@ -204,7 +210,9 @@ def run(spec: BenchSpec, progress=None) -> dict:
     """Run the benchmark and return the results (see ``--json``)."""
     from .clients import Client
 
-    with Client(spec.endpoints, timeout_s=spec.timeout_s, retries=2) as client:
+    with Client(
+        spec.endpoints, timeout_s=spec.timeout_s, retries=2, server_key=spec.server_key, client_key=spec.client_key
+    ) as client:
         status = client.status()
     spec.layout = status["layout"]
     worker_ids = sum(1 for w in status["workers"] if w.get("in_rotation"))

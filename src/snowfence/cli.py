@@ -63,6 +63,18 @@ def _connect_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=5.0, metavar="S", help="Seconds to wait for a reply (default 5)."
     )
+    parser.add_argument(
+        "--server-key",
+        metavar="FILE",
+        default=os.environ.get("SNOWFENCE_SERVER_KEY"),
+        help="The broker's public key certificate, for CURVE (env SNOWFENCE_SERVER_KEY).",
+    )
+    parser.add_argument(
+        "--client-key",
+        metavar="FILE",
+        default=os.environ.get("SNOWFENCE_CLIENT_KEY"),
+        help="This client's secret key certificate, when the broker has an allow-list (env SNOWFENCE_CLIENT_KEY).",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot", metavar="FILE.png", help="Plot latency distribution and throughput (needs matplotlib)."
     )
 
+    keygen = sub.add_parser("keygen", help="Write a CURVE key pair: NAME.key (public) and NAME.key_secret.")
+    keygen.add_argument("name", metavar="NAME")
+    keygen.add_argument("--dir", default=".", help="Directory to write into (default: the current one).")
+
     status = sub.add_parser("status", help="Show a node's workers: worker ID, state, lease, reservation.")
     _connect_arg(status)
     status.add_argument("--json", action="store_true", help="Print the status as JSON.")
@@ -170,7 +186,7 @@ def _client(args: argparse.Namespace):
     from .clients import Client
 
     endpoints = [ep.strip() for ep in args.connect.split(",") if ep.strip()]
-    return Client(endpoints, timeout_s=args.timeout)
+    return Client(endpoints, timeout_s=args.timeout, server_key=args.server_key, client_key=args.client_key)
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
@@ -254,8 +270,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rate=args.rate,
         check=args.check,
         timeout_s=args.timeout,
+        server_key=args.server_key,
+        client_key=args.client_key,
     )
     return bench.main(spec, args.json, args.plot)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    import zmq.auth
+
+    os.makedirs(args.dir, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(args.dir, args.name)
+    os.chmod(secret, 0o600)
+    print(f"public key: {public}\nsecret key: {secret} (keep it private)")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -107,6 +107,19 @@ class Config:
         False, "Refuse (clock_unsafe) while the wall clock is ahead after a forward jump.", metavar="BOOL"
     )
 
+    # -- security ---------------------------------------------------------------------------
+    curve_secret_key: str = setting(
+        "",
+        "Server certificate with its secret key (from `snowfence keygen`): clients must use CURVE.",
+        metavar="FILE",
+    )
+    curve_allow: str = setting(
+        "",
+        "Directory of client public-key certificates allowed to connect (with curve_secret_key); "
+        "empty lets any client that knows the server key in.",
+        metavar="DIR",
+    )
+
     # -- operations ---------------------------------------------------------------------
     metrics_bind: str = setting(
         "",
@@ -173,6 +186,8 @@ class Config:
             )
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             raise ConfigError("heartbeat_timeout_s must be more than twice heartbeat_interval_s")
+        if self.curve_allow and not self.curve_secret_key:
+            raise ConfigError("curve_allow needs curve_secret_key")
         if self.max_clock_error_ms < 0 or self.forward_jump_ms < 1:
             raise ConfigError("max_clock_error_ms must be >= 0 and forward_jump_ms >= 1")
         if self.metrics_bind and (":" not in self.metrics_bind or not self.metrics_bind.rsplit(":", 1)[1].isdigit()):

@@ -22,11 +22,12 @@ from collections.abc import Callable
 
 import orjson
 import zmq
+import zmq.auth
 import zmq.backend
 
 from .. import protocol
 from ..config import Config
-from ..errors import BadRequest, Overloaded, SnowfenceError, Unavailable
+from ..errors import BadRequest, ConfigError, Overloaded, SnowfenceError, Unavailable
 from ..logs import event
 from ..workers.states import refusal_for
 from .metrics import Metrics
@@ -89,6 +90,16 @@ class Router:
     ) -> None:
         self.config = config
         self.frontend = ctx.socket(zmq.ROUTER)
+        if config.curve_secret_key:
+            try:
+                public, secret = zmq.auth.load_certificate(config.curve_secret_key)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot read the CURVE key {config.curve_secret_key}: {exc}") from None
+            if secret is None:
+                raise ConfigError(f"{config.curve_secret_key} holds no secret key; give the .key_secret file")
+            self.frontend.curve_server = True
+            self.frontend.curve_publickey = public
+            self.frontend.curve_secretkey = secret
         self.frontend.setsockopt(zmq.LINGER, 500)
         self.frontend.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.frontend.setsockopt(zmq.SNDHWM, 100_000)

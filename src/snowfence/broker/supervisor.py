@@ -72,6 +72,7 @@ class Supervisor:
         self.live_pids: set[int] = set()
         self.metrics = Metrics()
         self.health: HealthServer | None = None
+        self.auth = None
 
     # -- signals ----------------------------------------------------------------------
 
@@ -96,6 +97,15 @@ class Supervisor:
         wake_r.setblocking(False)
         wake_w.setblocking(False)
         try:
+            if self.config.curve_allow:
+                # ZAP handler: only clients whose public keys are in the directory get in.
+                from zmq.auth.thread import ThreadAuthenticator
+
+                if not os.path.isdir(self.config.curve_allow):
+                    raise ConfigError(f"curve_allow {self.config.curve_allow} is not a directory")
+                self.auth = ThreadAuthenticator(ctx, log=logging.getLogger("snowfence.auth"))
+                self.auth.start()
+                self.auth.configure_curve(domain="*", location=self.config.curve_allow)
             try:
                 self.router = Router(
                     ctx, self.config, f"ipc://{self.rundir}/backend", self.describe, self.live_pids, self.metrics
@@ -137,6 +147,8 @@ class Supervisor:
             self.kill_all(signal.SIGKILL)
             if self.health is not None:
                 self.health.close()
+            if self.auth is not None:
+                self.auth.stop()
             if self.router is not None:
                 self.router.close()
             ctx.term()

@@ -30,6 +30,7 @@ from .core import (
     ReserveJob,
     apply_reply,
 )
+from .security import Curve
 
 
 def run(main: Awaitable):
@@ -56,6 +57,8 @@ class AsyncClient:
         retries: int = DEFAULT_RETRIES,
         window: int = DEFAULT_WINDOW,
         context: zmq.asyncio.Context | None = None,
+        server_key: str | bytes | None = None,
+        client_key: str | None = None,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
@@ -74,6 +77,7 @@ class AsyncClient:
         self._waiters: dict[int, asyncio.Future] = {}
         self.resets = 0
         self._closed = False
+        self.curve = Curve.for_client(server_key, client_key) if server_key is not None else None
 
     @property
     def endpoint(self) -> str:
@@ -87,6 +91,8 @@ class AsyncClient:
         if self._sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            if self.curve is not None:
+                self.curve.apply(sock)
             sock.connect(self.endpoint)
             self._sock = sock
             self._reader = asyncio.get_running_loop().create_task(self._read(sock))

@@ -20,6 +20,7 @@ import zmq
 from .. import protocol
 from ..errors import SnowfenceError, Timeout
 from .core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_WINDOW, Block, Core, Pending, ReserveJob, apply_reply
+from .security import Curve
 
 
 class Client:
@@ -37,6 +38,8 @@ class Client:
         retries: int = DEFAULT_RETRIES,
         window: int = DEFAULT_WINDOW,
         context: zmq.Context | None = None,
+        server_key: str | bytes | None = None,
+        client_key: str | None = None,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
@@ -53,6 +56,8 @@ class Client:
         self._endpoint_index = 0
         self._sock: zmq.Socket | None = None
         self._prefetchers: list[Prefetcher] = []
+        #: CURVE settings when the broker encrypts (``server_key``: its public key or certificate file).
+        self.curve = Curve.for_client(server_key, client_key) if server_key is not None else None
         self.resets = 0
 
     # -- public API ---------------------------------------------------------------------
@@ -128,6 +133,8 @@ class Client:
         if self._sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            if self.curve is not None:
+                self.curve.apply(sock)
             sock.connect(self.endpoint)
             self._sock = sock
         return self._sock
@@ -220,6 +227,7 @@ class Prefetcher:
         self._source = Client(
             client.endpoints, timeout_s=client.timeout_s, retries=client.retries, window=depth, context=client._ctx
         )
+        self._source.curve = client.curve
         self._blocks: collections.deque[tuple[int, range]] = collections.deque()
         self._cond = threading.Condition()
         self._error: SnowfenceError | None = None

@@ -364,30 +364,32 @@ class Worker:
             self._send_state()
 
     def _advance(self, held: Held, now_ns: int) -> None:
+        """Move a held worker ID to the state its lease, clock and mark call for."""
         minter = held.minter
         if held.keeper.lost is not None:
             self._drop(held, f"lease lost: {held.keeper.lost}")
             return
-        fenced = now_ns > minter.fence_deadline_ns
-        state = held.state
-        if state == "waiting":
-            if (
-                not fenced
-                and minter.reserved_until_ms > minter.now_ms()
-                and minter.now_ms() > held.lease.claimed_mark_ms
-            ):
-                self._set_state(held, "ready", f"worker ID {held.lease.worker_id} is ready")
-            return
-        if fenced:
+        now_ms = minter.now_ms()
+        wid = held.lease.worker_id
+        if held.keeper.renewals == 0:
+            self._set_state(held, "waiting", f"worker ID {wid}: waiting for the first renewal")
+        elif now_ns > minter.fence_deadline_ns:
             self._set_state(held, "fenced", "no lease renewal succeeded within the fence window")
         elif self.clock_veto:
             self._set_state(held, "clock_unsafe", self.clock_veto)
         elif minter.clock_unsafe and not minter.clock_recovered():
             self._set_state(held, "clock_unsafe", "wall clock is behind the last minted millisecond")
-        elif minter.reserved_until_ms < minter.now_ms():
+        elif now_ms <= held.lease.claimed_mark_ms:
+            self._set_state(
+                held,
+                "waiting",
+                f"worker ID {wid}: waiting for the wall clock to pass the "
+                f"previous owner's mark ({held.lease.claimed_mark_ms - now_ms} ms)",
+            )
+        elif minter.reserved_until_ms < now_ms:
             self._set_state(held, "reserving", "waiting for the reservation to be extended")
-        elif state != "ready":
-            self._set_state(held, "ready", f"worker ID {held.lease.worker_id} is serving again")
+        else:
+            self._set_state(held, "ready", f"worker ID {wid} is ready")
 
     def check_clock(self, now_ns: int) -> None:
         """Host-clock policies beyond the minter: forward jumps, the kernel's error bound."""
@@ -416,6 +418,9 @@ class Worker:
         if veto != self.clock_veto:
             if veto:
                 event(log, "clock_veto", veto, level=logging.ERROR)
+                self.reason = veto
+            elif self.held:
+                self.reason = f"holding worker ID {', '.join(str(h.lease.worker_id) for h in self.held)}"
             self.clock_veto = veto
             self._state_dirty = True
 

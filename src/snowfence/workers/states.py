@@ -25,11 +25,12 @@ STOPPING = "stopping"
 def refusal_for(states: Iterable[str], reasons: Iterable[str] = ()) -> SnowfenceError:
     """The most telling error for worker IDs in ``states``, none of them ready."""
     states = set(states)
-    if FENCED in states:
-        return Fenced("fenced: lease renewals are failing")
-    if CLOCK_UNSAFE in states:
-        return ClockUnsafe("the wall clock is behind the last minted millisecond")
-    if RESERVING in states:
-        return ReservationExpired("waiting for the reservation to be extended")
     reasons = sorted({r for r in reasons if r})
-    return Unavailable("no worker is ready" + (f" ({'; '.join(reasons)})" if reasons else ""))
+    why = f" ({'; '.join(reasons)})" if reasons else ""
+    if FENCED in states:
+        return Fenced("fenced: lease renewals are failing" + why)
+    if CLOCK_UNSAFE in states:
+        return ClockUnsafe("the wall clock cannot be trusted" + why)
+    if RESERVING in states:
+        return ReservationExpired("waiting for the reservation to be extended" + why)
+    return Unavailable("no worker is ready" + why)

@@ -1,0 +1,279 @@
+"""Operations and security with real processes: metrics that move, readiness
+that flips, clock monitoring, CURVE, limits on hostile clients."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import zmq
+from nodes import etcd_args, wait_for
+
+from snowfence import Client, protocol
+from snowfence.errors import ClockUnsafe, Timeout
+
+
+def health(node) -> str:
+    """The metrics address the broker logged (it binds port 0: no free-port race)."""
+    m = wait_for(
+        lambda: re.search(r"metrics and health on http://([\d.]+:\d+)/", node.log()),
+        10,
+        what="the metrics address in the log",
+    )
+    return m.group(1)
+
+
+def get(addr: str, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{addr}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metric(addr: str, name: str, labels: str = "") -> float:
+    _, text = get(addr, "/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + (("{" + labels + "}") if labels else "") + " ") or (
+            not labels and line.startswith(name + " ")
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_move_on_a_fence_and_readiness_flips(nodes, etcd):
+    fast = (
+        "--lease-ttl-s",
+        "4",
+        "--keepalive-interval-s",
+        "0.8",
+        "--fence-after-s",
+        "2",
+        "--reservation-window-s",
+        "2",
+        "--etcd-timeout-s",
+        "0.4",
+    )
+    node = nodes.start(workers=2, args=(*etcd_args(etcd, "test", *fast), "--metrics-bind", "127.0.0.1:0"))
+    node.wait_ready()
+    addr = health(node)
+    assert get(addr, "/livez")[0] == 200
+    wait_for(lambda: get(addr, "/readyz")[0] == 200, 5, what="ready")
+    with node.client() as c:
+        c.reserve(10_000)
+    wait_for(lambda: metric(addr, "snowfence_ids_total") >= 10_000, 5, what="ids counted")
+    assert "snowfence_lease_renewal_latency_seconds" in get(addr, "/metrics")[1]
+    before = metric(addr, "snowfence_fence_events_total")
+    etcd.pause()
+    try:
+        wait_for(lambda: metric(addr, "snowfence_fence_events_total") >= before + 2, 10, what="fence events")
+        assert metric(addr, "snowfence_worker_ids", 'state="fenced"') == 2
+        code, body = wait_for(lambda: (lambda r: r if r[0] == 503 else None)(get(addr, "/readyz")), 5, what="not ready")
+        assert "fenced" in body
+        with node.client(retries=0) as c:
+            with pytest.raises(Exception) as info:
+                c.reserve(1)
+            assert info.value.code == "fenced"
+        wait_for(
+            lambda: (
+                metric(addr, "snowfence_refusals_total", 'reason="fenced"')
+                + metric(addr, "snowfence_requests_total", 'result="unavailable"')
+                >= 1
+            ),
+            5,
+            what="refusal counted",
+        )
+    finally:
+        etcd.resume()
+    wait_for(lambda: get(addr, "/readyz")[0] == 200, 15, what="ready again")
+
+
+def test_metrics_move_on_a_clock_step_and_a_restart_and_counters_survive_it(nodes, clock):
+    node = nodes.start(workers=1, env=clock.env(), args=("--metrics-bind", "127.0.0.1:0"))
+    node.wait_ready()
+    addr = health(node)
+    with node.client(retries=0) as c:
+        c.reserve(5000)
+        clock.shift_all(-300)
+        with pytest.raises(ClockUnsafe):
+            c.reserve(1)
+    wait_for(lambda: metric(addr, "snowfence_clock_step_back_seconds_count") >= 1, 5, what="step back counted")
+    assert metric(addr, "snowfence_clock_step_back_seconds_bucket", 'le="1"') >= 1
+    assert metric(addr, "snowfence_clock_step_back_seconds_bucket", 'le="0.1"') == 0
+    assert metric(addr, "snowfence_clock_unsafe_events_total") >= 1
+    clock.shift_all(0)
+    node.wait_ready()
+    ids_before = wait_for(lambda: metric(addr, "snowfence_ids_total") or None, 5)
+    (pid,) = node.worker_pids()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: metric(addr, "snowfence_worker_restarts_total") == 1, 10, what="restart counted")
+    node.wait_ready()
+    assert metric(addr, "snowfence_ids_total") >= ids_before, "counters survive a worker restart"
+
+
+def test_forward_jumps_are_detected_counted_and_optionally_refused(nodes, clock):
+    node = nodes.start(
+        workers=1, env=clock.env(), args=("--metrics-bind", "127.0.0.1:0", "--refuse-forward-jumps", "true")
+    )
+    node.wait_ready()
+    addr = health(node)
+    clock.shift_all(+5000)
+    wait_for(lambda: metric(addr, "snowfence_clock_forward_jumps_total") == 1, 5, what="forward jump counted")
+    wait_for(lambda: get(addr, "/readyz")[0] == 503, 5, what="not ready while ahead")
+    assert "forward jump" in node.log() and "event=clock_forward_jump" in node.log()
+    with node.client(retries=0) as c:
+        with pytest.raises(ClockUnsafe):
+            c.reserve(1)
+    clock.shift_all(0)  # corrected: now a 5 s step back, waited out until real time passes what was minted
+    wait_for(lambda: get(addr, "/readyz")[0] == 200, 15, what="ready again")
+
+
+def test_a_kernel_clock_error_bound_makes_workers_refuse(nodes):
+    # This host reports an unsynchronised clock (no NTP): with a bound set, nobody mints.
+    from snowfence.workers.clock import read_kernel_clock
+
+    kc = read_kernel_clock()
+    assert kc is not None
+    node = nodes.start(workers=1, args=("--metrics-bind", "127.0.0.1:0", "--max-clock-error-ms", "100"))
+    addr = health(node)
+    if kc.synchronized and kc.max_error_s < 0.1:
+        node.wait_ready()  # a synchronised host passes the bound
+        return
+    wait_for(lambda: "kernel clock" in node.log(), 10, what="the veto in the log")
+    assert not node.ready_workers()
+    code, body = wait_for(lambda: (lambda r: r if "clock" in r[1] else None)(get(addr, "/readyz")), 5,
+                          what="readiness to name the clock")
+    assert code == 503
+    assert metric(addr, "snowfence_clock_synchronized") in (0.0, 1.0)
+    assert metric(addr, "snowfence_clock_max_error_seconds") > 0
+
+
+def keygen(tmp_path, name: str, where: str) -> tuple[str, str]:
+    subprocess.run(
+        [sys.executable, "-m", "snowfence", "keygen", name, "--dir", str(tmp_path / where)],
+        check=True,
+        capture_output=True,
+    )
+    return str(tmp_path / where / f"{name}.key"), str(tmp_path / where / f"{name}.key_secret")
+
+
+def test_curve_a_client_without_the_key_gets_nothing_and_one_with_it_gets_ids(nodes, tmp_path):
+    server_public, server_secret = keygen(tmp_path, "server", "keys")
+    node = nodes.start(workers=1, args=("--curve-secret-key", server_secret))
+    with pytest.raises(Timeout):
+        with Client(node.endpoint, timeout_s=0.5, retries=1) as plain:
+            plain.reserve(1)
+    with Client(node.endpoint, timeout_s=2.0, server_key=server_public) as secure:
+        wait_for(lambda: any(w["state"] == "ready" for w in secure.status()["workers"]), 10)
+        assert sum(b.count for b in secure.reserve(1000)) == 1000
+    out = subprocess.run(
+        [sys.executable, "-m", "snowfence", "reserve", "3", "--connect", node.endpoint, "--server-key", server_public],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0 and len(out.stdout.split()) == 3
+
+
+def test_curve_allow_list_admits_only_known_clients(nodes, tmp_path):
+    server_public, server_secret = keygen(tmp_path, "server", "keys")
+    alice_public, alice_secret = keygen(tmp_path, "alice", "alice")
+    _, mallory_secret = keygen(tmp_path, "mallory", "mallory")
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "alice.key").write_text(open(alice_public).read())
+    node = nodes.start(workers=1, args=("--curve-secret-key", server_secret, "--curve-allow", str(allowed)))
+    with Client(node.endpoint, timeout_s=2.0, server_key=server_public, client_key=alice_secret) as alice:
+        wait_for(lambda: any(w["state"] == "ready" for w in alice.status()["workers"]), 10)
+        assert sum(b.count for b in alice.reserve(100)) == 100
+    for key in (mallory_secret, None):  # a known-bad key, and a key made up for the session
+        with pytest.raises(Timeout):
+            with Client(node.endpoint, timeout_s=0.5, retries=1, server_key=server_public, client_key=key) as c:
+                c.reserve(1)
+
+
+def test_too_many_requests_in_flight_on_one_connection_are_overloaded(nodes, raw):
+    node = nodes.start(workers=1, args=("--max-inflight-per-client", "4"))
+    node.wait_ready()
+    s = raw(node.endpoint)
+    for rid in range(1, 41):
+        s.send(protocol.encode_reserve(rid, 4096))  # each needs a fresh millisecond: they queue
+    replies = [protocol.decode_reply(s.recv()) for _ in range(40)]
+    codes = [r.error.code if r.error else "ok" for r in replies]
+    assert codes.count("ok") >= 4 and codes.count("overloaded") >= 20, codes
+    assert all(r.error.retriable for r in replies if r.error)
+    assert {r.request_id for r in replies} == set(range(1, 41))
+    with node.client() as c:  # other connections, and this one later, are served as usual
+        assert sum(b.count for b in c.reserve(100)) == 100
+    s.send(protocol.encode_reserve(99, 1))
+    assert protocol.decode_reply(s.recv()).type == protocol.BLOCK
+
+
+def test_the_metrics_endpoint_answers_only_known_paths(nodes):
+    node = nodes.start(workers=1, args=("--metrics-bind", "127.0.0.1:0"))
+    addr = health(node)
+    assert get(addr, "/nope")[0] == 404
+    assert get(addr, "/metrics")[0] == 200
+
+
+def test_hostile_frames_crash_nothing_and_valid_requests_keep_being_served(nodes, raw):
+    """Random and mutated frames, many at once, from several connections."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    node = nodes.start(workers=2, args=("--max-inflight-per-client", "64"))
+    node.wait_ready()
+    pids = [node.pid, *node.worker_pids()]
+    socks = [raw(node.endpoint) for _ in range(4)]
+    served = []
+    stop = False
+
+    def valid_traffic():
+        with node.client(timeout_s=2.0) as c:
+            while not stop:
+                served.append(sum(b.count for b in c.reserve(100)))
+
+    import threading
+
+    t = threading.Thread(target=valid_traffic)
+    t.start()
+    valid = protocol.encode_reserve(7, 10)
+    frames = st.one_of(
+        st.binary(max_size=300),
+        st.builds(lambda i, b: valid[:i] + bytes([b]) + valid[i + 1 :], st.integers(0, 15), st.integers(0, 255)),
+        st.builds(lambda n: valid[:n], st.integers(0, 16)),
+    )
+    messages = st.lists(frames, min_size=1, max_size=4)
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.integers(0, 3), messages)
+    def throw(which, parts):
+        socks[which].send_multipart(parts)
+
+    try:
+        throw()
+    finally:
+        stop = True
+        t.join(30)
+    time.sleep(0.5)
+    for s in socks:  # drain what came back; nothing needs to, but the sockets must not be stuck
+        s.setsockopt(zmq.RCVTIMEO, 200)
+        try:
+            while True:
+                s.recv_multipart()
+        except zmq.Again:
+            pass
+    assert [node.pid, *node.worker_pids()] == pids, "no process died or restarted"
+    assert len(served) > 10 and all(n == 100 for n in served)
+    status = node.status()
+    assert all(w["state"] == "ready" for w in status["workers"])
+    assert status["broker"]["counters"]["bad_request"] > 100
+    with node.client() as c:
+        assert sum(b.count for b in c.reserve(10_000)) == 10_000
