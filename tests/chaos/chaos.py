@@ -394,6 +394,7 @@ class Verdict:
     violations: list[str] = field(default_factory=list)
     outcomes: Counter = field(default_factory=Counter)
     faults: list[dict] = field(default_factory=list)
+    duration_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -511,6 +512,7 @@ def check(w: World, outs: list[Path], faults: list[FaultRecord]) -> Verdict:
 
 def report(v: Verdict) -> str:
     lines = [
+        f"faults applied for {v.duration_s / 60:.1f} min; "
         f"IDs checked {v.ids:,} in {v.blocks:,} blocks from {v.calls:,} calls; outcomes "
         + ", ".join(f"{k} {n:,}" for k, n in v.outcomes.most_common())
     ]
@@ -596,10 +598,14 @@ def run(root: Path, kinds, seed: int = 1, log=print, **world_kw) -> Verdict:
         w.start_recorders()
         log(f"world up: 3 etcd members, {w.nodes_count} nodes x {w.workers} workers, {w.clients} clients")
         time.sleep(1.0)
+        started = time.monotonic()
         faults = run_faults(w, kinds, rng, log=log)
+        duration_s = time.monotonic() - started
         time.sleep(1.0)
         outs = w.stop_clients()
-        return check(w, outs, faults)
+        verdict = check(w, outs, faults)
+        verdict.duration_s = duration_s
+        return verdict
     finally:
         w.close()
 
