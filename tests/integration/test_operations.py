@@ -148,8 +148,9 @@ def test_a_kernel_clock_error_bound_makes_workers_refuse(nodes):
         return
     wait_for(lambda: "kernel clock" in node.log(), 10, what="the veto in the log")
     assert not node.ready_workers()
-    code, body = wait_for(lambda: (lambda r: r if "clock" in r[1] else None)(get(addr, "/readyz")), 5,
-                          what="readiness to name the clock")
+    code, body = wait_for(
+        lambda: (lambda r: r if "clock" in r[1] else None)(get(addr, "/readyz")), 5, what="readiness to name the clock"
+    )
     assert code == 503
     assert metric(addr, "snowfence_clock_synchronized") in (0.0, 1.0)
     assert metric(addr, "snowfence_clock_max_error_seconds") > 0
