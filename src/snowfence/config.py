@@ -120,6 +120,17 @@ class Config:
         metavar="DIR",
     )
 
+    peers: tuple[str, ...] = setting(
+        (),
+        "Other nodes' client endpoints, comma-separated: this node measures its clock offset to them.",
+        metavar="EPS",
+    )
+    max_peer_offset_ms: int = setting(
+        0,
+        "Leave rotation while the clock disagrees with a majority of the cluster by more than this; 0 only measures.",
+        metavar="MS",
+    )
+
     # -- operations ---------------------------------------------------------------------
     metrics_bind: str = setting(
         "",
@@ -186,6 +197,8 @@ class Config:
             )
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             raise ConfigError("heartbeat_timeout_s must be more than twice heartbeat_interval_s")
+        if self.max_peer_offset_ms < 0:
+            raise ConfigError("max_peer_offset_ms must be >= 0")
         if self.curve_allow and not self.curve_secret_key:
             raise ConfigError("curve_allow needs curve_secret_key")
         if self.max_clock_error_ms < 0 or self.forward_jump_ms < 1:

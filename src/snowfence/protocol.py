@@ -17,8 +17,10 @@ Integers are big-endian. Every body starts with the same 12-byte header::
     RESERVE      0x01  header + count:u32                            (16 bytes)
                        flags bit 0 (AFTER): + after:u64             (24 bytes)
     STATUS       0x02  header                                        (12 bytes)
+    TIME         0x03  header                                        (12 bytes)
     BLOCK        0x81  header + first:u64 + count:u32                (24 bytes)
     STATUS_REPLY 0x82  header + UTF-8 JSON object
+    TIME_REPLY   0x83  header + received:u64 + sent:u64 (Unix ns)    (28 bytes)
     ERROR        0xFF  header + UTF-8 JSON {"code", "message", "retriable"}
 
 A reply echoes the request's ``request_id``; 0 means the request could not be
@@ -56,8 +58,10 @@ VERSION = 1
 # Message types, client <-> broker.
 RESERVE = 0x01
 STATUS = 0x02
+TIME = 0x03
 BLOCK = 0x81
 STATUS_REPLY = 0x82
+TIME_REPLY = 0x83
 ERROR = 0xFF
 
 FLAG_AFTER = 0x0001
@@ -72,6 +76,7 @@ HEADER = struct.Struct("!BBHQ")
 _RESERVE = struct.Struct("!BBHQI")
 _RESERVE_AFTER = struct.Struct("!BBHQIQ")
 _BLOCK = struct.Struct("!BBHQQI")
+_TIME_REPLY = struct.Struct("!BBHQQQ")
 
 HEADER_SIZE = HEADER.size
 RESERVE_SIZE = _RESERVE.size
@@ -99,6 +104,8 @@ class Reply(NamedTuple):
     count: int = 0
     status: dict | None = None
     error: SnowfenceError | None = None
+    #: TIME_REPLY: the server's wall clock (Unix ns) when it received the request and when it replied.
+    times: tuple[int, int] | None = None
 
 
 # -- client side ------------------------------------------------------------------
@@ -117,6 +124,14 @@ def unpack_block(body: bytes) -> tuple[int, int, int]:
     if version != VERSION or type_ != BLOCK:
         raise ValueError("not a BLOCK reply")
     return request_id, first, count
+
+
+def encode_time(request_id: int) -> bytes:
+    return HEADER.pack(VERSION, TIME, 0, request_id)
+
+
+def encode_time_reply(request_id: int, received_ns: int, sent_ns: int) -> bytes:
+    return _TIME_REPLY.pack(VERSION, TIME_REPLY, 0, request_id, received_ns, sent_ns)
 
 
 def encode_status(request_id: int) -> bytes:
@@ -148,6 +163,11 @@ def decode_reply(body: bytes) -> Reply:
         except orjson.JSONDecodeError:
             raise BadRequest("STATUS reply does not carry JSON") from None
         return Reply(STATUS_REPLY, request_id, status=status)
+    if type_ == TIME_REPLY:
+        if len(body) != _TIME_REPLY.size:
+            raise BadRequest(f"TIME reply of {len(body)} bytes, expected {_TIME_REPLY.size}")
+        _, _, _, _, received, sent = _TIME_REPLY.unpack(body)
+        return Reply(TIME_REPLY, request_id, times=(received, sent))
     raise BadRequest(f"unknown reply type 0x{type_:02x}")
 
 
@@ -195,10 +215,10 @@ def decode_request(body: bytes) -> Request:
         if not 1 <= count <= MAX_BLOCK:
             raise _with_id(BadRequest(f"count must be 1..{MAX_BLOCK}, got {count}"), body)
         return Request(RESERVE, request_id, count, after)
-    if type_ == STATUS:
+    if type_ in (STATUS, TIME):
         if size != HEADER_SIZE or flags:
-            raise _with_id(BadRequest(f"STATUS must be {HEADER_SIZE} bytes without flags"), body)
-        return Request(STATUS, request_id)
+            raise _with_id(BadRequest(f"STATUS and TIME must be {HEADER_SIZE} bytes without flags"), body)
+        return Request(type_, request_id)
     raise _with_id(BadRequest(f"unknown request type 0x{type_:02x}"), body)
 
 

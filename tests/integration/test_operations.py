@@ -278,3 +278,44 @@ def test_hostile_frames_crash_nothing_and_valid_requests_keep_being_served(nodes
     assert status["broker"]["counters"]["bad_request"] > 100
     with node.client() as c:
         assert sum(b.count for b in c.reserve(10_000)) == 10_000
+
+
+def test_a_node_whose_clock_disagrees_with_its_peers_leaves_rotation(nodes, tmp_path, clockshim_library):
+    from clock import ClockTable
+
+    skew = ClockTable(tmp_path / "c-clock", clockshim_library)
+    skew.shift_all(+50)
+    names = ["a", "b", "c"]
+    made = {
+        n: nodes.new(n, workers=1, state_dir=tmp_path / "shared-state", env=skew.env() if n == "c" else None)
+        for n in names
+    }
+    for n, node in made.items():
+        peers = ",".join(made[p].endpoint for p in names if p != n)
+        node.args += ["--peers", peers, "--max-peer-offset-ms", "10", "--metrics-bind", "127.0.0.1:0"]
+        node.start()
+    a, c = made["a"], made["c"]
+    addr_a, addr_c = health(a), health(c)
+    code, body = wait_for(
+        lambda: (lambda r: r if r[0] == 503 and "disagrees" in r[1] else None)(get(addr_c, "/readyz")),
+        15,
+        what="c to leave rotation",
+    )
+    assert "clock disagrees with 2 of 2 peers" in body
+    for n in ("a", "b"):
+        made[n].wait_ready()
+    wait_for(lambda: get(addr_a, "/readyz")[0] == 200, 10, what="a stays ready")
+    offset = wait_for(
+        lambda: metric(addr_a, "snowfence_peer_clock_offset_seconds", f'peer="{c.endpoint}"') or None,
+        10,
+        what="a's offset to c",
+    )
+    assert 0.04 < offset < 0.06
+    with Client(c.endpoint, timeout_s=1.0, retries=0) as client:
+        with pytest.raises(ClockUnsafe) as info:
+            client.reserve(1)
+        assert "peers" in info.value.message
+    skew.shift_all(0)
+    wait_for(lambda: get(addr_c, "/readyz")[0] == 200, 15, what="c to rejoin")
+    assert "clock agrees with the cluster again" in c.log()
+    skew.close()

@@ -48,6 +48,7 @@ class Metrics:
         self.ready = False
         self.snapshot_ns = time.monotonic_ns()
         self._next_ns = 0
+        self.peers = None
 
     def observe(self, ident: bytes, status: dict) -> None:
         """Add the increments of one worker's counts since its previous report."""
@@ -194,8 +195,26 @@ class Metrics:
                 g = GaugeMetricFamily(name, doc)
                 g.add_metric([], value)
                 fams.append(g)
-        self.ready = bool(router.rotation) and router.accepting
-        self.ready_reason = "ready" if self.ready else str(router.why_none_ready())
+        if self.peers is not None:
+            off = GaugeMetricFamily(
+                "snowfence_peer_clock_offset_seconds",
+                "How far a peer's wall clock is ahead of this node's.",
+                labels=["peer"],
+            )
+            rtt = GaugeMetricFamily(
+                "snowfence_peer_clock_delay_seconds",
+                "Round trip of the last offset measurement (bounds its error).",
+                labels=["peer"],
+            )
+            for peer, (offset_ns, delay_ns, _) in self.peers.offsets.items():
+                off.add_metric([peer], offset_ns / 1e9)
+                rtt.add_metric([peer], delay_ns / 1e9)
+            fams.extend([off, rtt])
+        self.ready = bool(router.rotation) and router.accepting and router.veto is None
+        if self.ready:
+            self.ready_reason = "ready"
+        else:
+            self.ready_reason = router.veto or str(router.why_none_ready())
         return fams
 
 

@@ -27,7 +27,7 @@ import zmq.backend
 
 from .. import protocol
 from ..config import Config
-from ..errors import BadRequest, ConfigError, Overloaded, SnowfenceError, Unavailable
+from ..errors import BadRequest, ClockUnsafe, ConfigError, Overloaded, SnowfenceError, Unavailable
 from ..logs import event
 from ..workers.states import refusal_for
 from .metrics import Metrics
@@ -117,6 +117,8 @@ class Router:
         #: Requests waiting for a worker with credit: (meta, addr, body).
         self.pending: deque[tuple[int, bytes, bytes]] = deque()
         self.accepting = True
+        #: Set while the node must not mint at all (its clock disagrees with its peers).
+        self.veto: str | None = None
         self._describe_broker = describe_broker or (lambda: {})
         #: Worker processes still running (kept by the supervisor). A STATE frame a
         #: worker sent just before it died can arrive after it was reaped; it must not
@@ -198,6 +200,9 @@ class Router:
             return
         if request.type == protocol.STATUS:
             self.to_client(meta, addr, protocol.encode_status_reply(request.request_id, self.status()))
+        elif request.type == protocol.TIME:
+            now = time.time_ns()
+            self.to_client(meta, addr, protocol.encode_time_reply(request.request_id, now, time.time_ns()))
         elif self.inflight.get(addr, 0) >= self.max_inflight:
             self.overloaded(meta, addr, body)
         elif request.after is not None:
@@ -211,6 +216,10 @@ class Router:
         """Send a request to a worker; False if it had to wait in ``pending``."""
         if not self.accepting:
             self.unavailable(meta, addr, body, "the server is shutting down")
+            return True
+        if self.veto is not None:
+            self.counters["refused"] += 1
+            self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), ClockUnsafe(self.veto)))
             return True
         while True:
             link = self.pick()

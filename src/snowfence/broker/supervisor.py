@@ -22,13 +22,16 @@ import time
 
 import orjson
 import zmq
+import zmq.auth
 
 from .. import protocol
+from ..clients.security import Curve
 from ..config import Config
 from ..errors import ConfigError
 from ..logs import event
 from ..workers.exits import HALT, Exit
 from .metrics import HealthServer, Metrics
+from .peers import PeerClocks
 from .router import Router
 
 log = logging.getLogger("snowfence.broker")
@@ -39,6 +42,7 @@ RESTART_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 10.0
 LOOP_TICK_MS = 50
 HOUSEKEEPING_NS = 10_000_000
+PEER_INTERVAL_S = 1.0
 
 
 class Proc:
@@ -73,6 +77,7 @@ class Supervisor:
         self.metrics = Metrics()
         self.health: HealthServer | None = None
         self.auth = None
+        self.peers: PeerClocks | None = None
 
     # -- signals ----------------------------------------------------------------------
 
@@ -127,6 +132,19 @@ class Supervisor:
             signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 signal.signal(sig, self._enqueue)
+            if self.config.peers:
+                curve = None
+                if self.config.curve_secret_key:  # nodes of a cluster share the server key pair
+                    public, secret = zmq.auth.load_certificate(self.config.curve_secret_key)
+                    curve = Curve(public, public, secret)
+                self.peers = PeerClocks(
+                    ctx,
+                    list(self.config.peers),
+                    interval_s=PEER_INTERVAL_S,
+                    bound_ms=self.config.max_peer_offset_ms,
+                    curve=curve,
+                )
+                self.metrics.peers = self.peers
             mode = "embedded" if self.config.embedded else f"etcd cluster {self.config.cluster!r}"
             event(
                 log,
@@ -147,6 +165,8 @@ class Supervisor:
             self.kill_all(signal.SIGKILL)
             if self.health is not None:
                 self.health.close()
+            if self.peers is not None:
+                self.peers.close()
             if self.auth is not None:
                 self.auth.stop()
             if self.router is not None:
@@ -164,6 +184,10 @@ class Supervisor:
         poller.register(router.backend, zmq.POLLIN)
         poller.register(wake, zmq.POLLIN)
         backend, frontend, wake_fd = router.backend, router.frontend, wake.fileno()
+        peers = self.peers
+        if peers is not None:
+            for sock in peers.sockets:
+                poller.register(sock, zmq.POLLIN)
         front_registered = False
         next_housekeeping_ns = next_reap_ns = 0
         while True:
@@ -178,6 +202,8 @@ class Supervisor:
                     router.on_backend()
                 elif sock is frontend:
                     router.on_frontend()
+                elif peers is not None and sock in peers.sockets:
+                    peers.on_readable(sock)
                 elif sock is wake or sock == wake_fd:
                     try:
                         while wake.recv(512):
@@ -194,6 +220,14 @@ class Supervisor:
                 continue
             next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
             router.tick(now_ns)
+            if peers is not None:
+                peers.tick(now_ns)
+                if peers.veto != router.veto:
+                    if peers.veto:
+                        event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
+                    else:
+                        event(log, "rejoined", "clock agrees with the cluster again")
+                    router.veto = peers.veto
             self.metrics.maybe_snapshot(now_ns, router, sum(p.restarts for p in self.procs))
             if now_ns >= next_reap_ns:
                 next_reap_ns = now_ns + int(self.config.heartbeat_interval_s * 1e9)

@@ -1,0 +1,101 @@
+"""Clock offsets to the other nodes of a cluster, NTP style, over the client protocol.
+
+Every ``interval_s`` the broker sends each peer a TIME request stamped with its
+own wall clock (t1); the peer answers with its wall clock when it received the
+request (t2) and when it replied (t3); the answer arrives at t4. Then::
+
+    offset = ((t2 - t1) + (t3 - t4)) / 2     how far the peer is ahead of us
+    delay  = (t4 - t1) - (t3 - t2)           the round trip, which bounds the error
+
+With a bound set (``max_peer_offset_ms``), a node whose clock disagrees with a
+majority of the whole cluster (itself included: with one peer nobody can tell
+who is wrong, with two the odd one out can) by more than the bound, allowing
+for half the round trip, leaves rotation and says why. Peers that stopped
+answering do not vote.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import zmq
+
+from .. import protocol
+
+STALE_AFTER_INTERVALS = 3
+
+
+class PeerClocks:
+    def __init__(self, ctx: zmq.Context, peers: list[str], *, interval_s: float, bound_ms: int, curve=None) -> None:
+        self.interval_ns = int(interval_s * 1e9)
+        self.bound_ns = bound_ms * 1_000_000
+        self.sockets: dict[zmq.Socket, str] = {}
+        for endpoint in peers:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 4)  # a peer that is down must not pile requests up
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            if curve is not None:
+                curve.apply(sock)
+            sock.connect(endpoint)
+            self.sockets[sock] = endpoint
+        #: endpoint -> (offset_ns, delay_ns, measured at monotonic ns)
+        self.offsets: dict[str, tuple[int, int, int]] = {}
+        self._sent: dict[int, tuple[zmq.Socket, int]] = {}
+        self._ids = itertools.count(1)
+        self._next_ns = 0
+        self.veto: str | None = None
+
+    def tick(self, now_ns: int) -> None:
+        if now_ns < self._next_ns:
+            return
+        self._next_ns = now_ns + self.interval_ns
+        self._sent.clear()  # answers to older rounds no longer count
+        for sock in self.sockets:
+            rid = next(self._ids)
+            try:
+                sock.send(protocol.encode_time(rid), zmq.NOBLOCK)
+            except zmq.Again:
+                continue  # not connected: the peer does not vote
+            self._sent[rid] = (sock, time.time_ns())
+        self.veto = self.judge(now_ns)
+
+    def on_readable(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                body = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            t4 = time.time_ns()
+            try:
+                reply = protocol.decode_reply(body)
+            except Exception:
+                continue
+            sent = self._sent.pop(reply.request_id, None)
+            if sent is None or sent[0] is not sock or reply.times is None:
+                continue
+            t1 = sent[1]
+            t2, t3 = reply.times
+            self.offsets[self.sockets[sock]] = ((t2 - t1 + t3 - t4) // 2, (t4 - t1) - (t3 - t2), time.monotonic_ns())
+
+    def judge(self, now_ns: int) -> str | None:
+        """A reason to leave rotation, or None."""
+        if not self.bound_ns:
+            return None
+        fresh = {ep: o for ep, o in self.offsets.items() if now_ns - o[2] < STALE_AFTER_INTERVALS * self.interval_ns}
+        disagree = {ep: o for ep, o in fresh.items() if abs(o[0]) - o[1] // 2 > self.bound_ns}
+        if fresh and len(disagree) * 2 > len(fresh) + 1:
+            worst = max(disagree.items(), key=lambda kv: abs(kv[1][0]))
+            return (
+                f"clock disagrees with {len(disagree)} of {len(fresh)} peers by more than "
+                f"{self.bound_ns // 1_000_000} ms ({worst[0]}: {worst[1][0] / 1e6:+.1f} ms)"
+            )
+        return None
+
+    def describe(self) -> dict:
+        return {ep: {"offset_s": o / 1e9, "delay_s": d / 1e9} for ep, (o, d, _) in self.offsets.items()}
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close(0)
