@@ -152,3 +152,21 @@ def test_json_never_carries_integers_beyond_2_53(server, sockets):
 
     walk(st)
     assert json.loads(text, parse_int=float) == st
+
+
+def test_time_reply_carries_the_servers_wall_clock(server, sockets):
+    import struct
+    import time
+
+    sock = sockets()
+    t1 = time.time_ns()
+    reply = sfwire.request(sock, sfwire.header(0x03, 4242))
+    t4 = time.time_ns()
+    assert (reply.version, reply.type, reply.flags, reply.request_id) == (1, 0x83, 0, 4242)
+    assert len(reply.payload) == 16
+    received, sent = struct.unpack("!QQ", reply.payload)
+    assert received <= sent
+    # Same host, same clock: the server's readings fall between ours.
+    assert t1 <= received <= sent <= t4
+    offset = ((received - t1) + (sent - t4)) / 2
+    assert abs(offset) <= (t4 - t1)
