@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reserve.add_argument("--json", dest="format", action="store_const", const="json", help="Same as --format json.")
     reserve.add_argument(
+        "--after",
+        type=int,
+        metavar="ID",
+        help="A causal token: every ID printed sorts after this one, wherever it came from.",
+    )
+    reserve.add_argument(
         "--chunk",
         type=int,
         default=1_000_000,
@@ -200,7 +206,7 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     with _client(args) as client:
         left = args.count
         while left:
-            blocks = client.reserve(min(left, args.chunk))
+            blocks = client.reserve(min(left, args.chunk), after=args.after)
             for block in blocks:
                 write(out, block, first)
                 first = False

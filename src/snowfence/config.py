@@ -92,6 +92,15 @@ class Config:
         10, "Backward clock steps up to this many ms are waited out; larger ones refuse.", metavar="MS"
     )
 
+    clock_policy: str = setting(
+        "wait",
+        "wait: wait out small steps back and full milliseconds; hlc: keep minting from a logical clock "
+        "up to max_ahead_ms ahead of the wall clock, never waiting.",
+        metavar="POLICY",
+    )
+    max_ahead_ms: int = setting(
+        1000, "hlc: how far the logical clock (and a causal token) may run ahead of the wall clock.", metavar="MS"
+    )
     max_clock_error_ms: int = setting(
         0,
         "Refuse while the kernel reports the clock unsynchronised or its maximum error above this many ms; "
@@ -197,6 +206,10 @@ class Config:
             )
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             raise ConfigError("heartbeat_timeout_s must be more than twice heartbeat_interval_s")
+        if self.clock_policy not in ("wait", "hlc"):
+            raise ConfigError(f"clock_policy must be wait or hlc, got {self.clock_policy!r}")
+        if not 0 <= self.max_ahead_ms < self.reservation_window_s * 1000:
+            raise ConfigError("max_ahead_ms must be below the reservation window, or minting ahead would outrun it")
         if self.max_peer_offset_ms < 0:
             raise ConfigError("max_peer_offset_ms must be >= 0")
         if self.curve_allow and not self.curve_secret_key:

@@ -49,6 +49,13 @@ class FrameTooLarge(BadRequest):
     code = "frame_too_large"
 
 
+class TokenAhead(SnowfenceError):
+    """The causal token is further ahead of this worker's clock than it may follow."""
+
+    code = "token_ahead"
+    retriable = True
+
+
 # -- refusals by a worker's minter: another worker (or a moment later) may succeed ---
 
 

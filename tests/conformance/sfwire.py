@@ -45,6 +45,7 @@ ERROR_CODES = {
     "reservation_expired": True,
     "unavailable": True,
     "overloaded": True,
+    "token_ahead": True,
     "internal": False,
 }
 

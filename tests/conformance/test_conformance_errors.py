@@ -73,20 +73,25 @@ def after_reply(sockets):
     return after, ask(sockets, sfwire.reserve_after(RID, 10, after))
 
 
-def test_after_flag_is_honoured_or_refused_as_bad_request(server, sockets):
-    after, reply = after_reply(sockets)
-    if reply.type == sfwire.BLOCK:
-        first, _ = reply.block
-        assert first > after
-    else:
-        assert reply.type == ERROR, reply
-        assert reply.json["code"] == "bad_request", reply.json
-
-
-def test_after_flag_refusal_echoes_the_request_id(server, sockets):
+def test_a_token_far_ahead_is_refused_as_token_ahead_or_bad_request(server, sockets):
     _, reply = after_reply(sockets)
-    if reply.type == ERROR:
-        check_error(reply, "bad_request", RID)
+    assert reply.type == ERROR, reply
+    code = reply.json["code"]
+    assert code in ("token_ahead", "bad_request"), reply.json
+    check_error(reply, code, RID)
+
+
+def test_after_a_token_just_minted_every_id_sorts_after_it(server, sockets):
+    sock = sockets()
+    token, _ = sfwire.request(sock, sfwire.reserve(RID, 1)).block
+    for n in (1, 100, 4096):
+        reply = sfwire.request(sock, sfwire.reserve_after(RID, n, token))
+        if reply.type == ERROR:
+            assert reply.json["code"] == "bad_request"  # a server without causal tokens
+            return
+        first, count = reply.block
+        assert first > token and 1 <= count <= n
+        token = first + count - 1
 
 
 @pytest.mark.parametrize(
@@ -244,9 +249,9 @@ def test_unavailable_when_no_worker_is_in_rotation(stalled_server, sockets):
         sfwire.reserve(RID, 0),
         sfwire.reserve(RID, 4097),
         sfwire.reserve(RID, 1, flags=2),
-        sfwire.reserve_after(RID, 1, 0),
+        sfwire.reserve_after(RID, 0, 0),
     ],
-    ids=["count0", "count4097", "flags2", "after"],
+    ids=["count0", "count4097", "flags2", "after-count0"],
 )
 def test_malformed_reserve_is_bad_request_even_when_no_worker_is_ready(stalled_server, sockets, body):
     reply = sfwire.request(sockets(endpoint=stalled_server.endpoint), body)

@@ -372,3 +372,130 @@ def test_invariants_hold_for_any_clock_sequence(ops, max_step_back_ms):
     # uniqueness follows from strict increase; state is consistent with the last ID
     if last_id >= 0:
         assert LAYOUT.decompose(last_id).sequence == m.seq
+
+
+# -- the hybrid logical clock policy and causal floors ----------------------------------------------
+
+from snowfence.errors import TokenAhead  # noqa: E402
+
+
+def make_hlc(clock: FakeClock, **kw) -> Minter:
+    return make(clock, clock_policy="hlc", **kw)
+
+
+def test_hlc_mints_straight_through_a_40_ms_step_back_without_waiting():
+    clock = FakeClock()
+    m = make_hlc(clock)
+    a, _ = m.reserve(10)
+    clock.step_ms(-40)
+    b, _ = m.reserve(10)
+    assert b > a and clock.slept_s == 0 and not m.clock_unsafe
+    assert ms_of(b) == ms_of(a)  # the same logical millisecond, later sequence numbers
+
+
+def test_hlc_runs_one_millisecond_ahead_when_a_millisecond_is_used_up():
+    clock = FakeClock()
+    m = make_hlc(clock)
+    a, _ = m.reserve(4096)
+    b, count = m.reserve(4096)
+    assert count == 4096 and ms_of(b) == ms_of(a) + 1 == m.now_ms() + 1
+    assert clock.slept_s == 0 and m.waits["ahead"] == 1
+
+
+def test_hlc_refuses_beyond_max_ahead_and_changes_nothing():
+    clock = FakeClock()
+    m = make_hlc(clock, max_ahead_ms=100)
+    m.reserve(1)
+    before = state(m)
+    clock.step_ms(-150)
+    with pytest.raises(ClockUnsafe):
+        m.reserve(1)
+    assert state(m)[:2] == before[:2] and m.clock_unsafe
+
+
+def test_wait_policy_waits_for_a_causal_floor_a_few_ms_ahead():
+    clock = FakeClock()
+    m = make(clock)
+    floor = m.now_ms() + 5
+    first, _ = m.reserve(1, floor_ms=floor)
+    assert ms_of(first) == floor and 0.004 <= clock.slept_s <= 0.0051
+
+
+def test_wait_policy_rejects_a_causal_floor_far_ahead_and_changes_nothing():
+    clock = FakeClock()
+    m = make(clock)
+    m.reserve(1)
+    before = state(m)
+    with pytest.raises(TokenAhead) as info:
+        m.reserve(1, floor_ms=m.now_ms() + 500)
+    assert info.value.retriable and state(m) == before and clock.slept_s == 0
+
+
+def test_hlc_jumps_to_a_causal_floor_within_max_ahead_and_rejects_beyond():
+    clock = FakeClock()
+    m = make_hlc(clock, max_ahead_ms=1000)
+    floor = m.now_ms() + 500
+    first, _ = m.reserve(1, floor_ms=floor)
+    assert ms_of(first) == floor and clock.slept_s == 0
+    before = state(m)
+    with pytest.raises(TokenAhead):
+        m.reserve(1, floor_ms=m.now_ms() + 5000)
+    assert state(m) == before
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["wait", "hlc"]),
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("advance"), st.integers(0, 3)),
+            st.tuples(st.just("step"), st.integers(-200, 60)),
+            st.tuples(st.just("extend"), st.integers(0, 6_000)),
+            st.tuples(st.just("reserve"), st.integers(1, 4096)),
+            st.tuples(st.just("floor"), st.integers(-50, 300)),
+        ),
+        min_size=1,
+        max_size=150,
+    ),
+)
+def test_both_policies_keep_ids_unique_increasing_and_above_their_floor(policy, ops):
+    clock = FakeClock()
+    m = Minter(
+        LAYOUT,
+        REGION,
+        WORKER,
+        wall_ns=clock.wall_ns,
+        mono_ns=clock.mono_ns,
+        sleep=clock.sleep,
+        clock_policy=policy,
+        max_ahead_ms=100,
+    )
+    m.fence_deadline_ns = NEVER_NS
+    m.reserved_until_ms = m.now_ms() + 5_000
+    last_id = -1
+    for op, arg in ops:
+        if op == "advance":
+            clock.advance_ms(arg)
+        elif op == "step":
+            clock.step_ms(arg)
+        elif op == "extend":
+            m.reserved_until_ms = max(m.reserved_until_ms, m.now_ms() + arg)
+        else:
+            floor = m.now_ms() + arg if op == "floor" else -(1 << 62)
+            before = (m.last_ms, m.seq)
+            slept = clock.slept_s
+            try:
+                first, count = m.reserve(arg if op == "reserve" else 1, floor_ms=floor)
+            except (ClockUnsafe, ReservationExpired, TokenAhead):
+                assert (m.last_ms, m.seq) == before
+                continue
+            ms = ms_of(first)
+            assert first > last_id and ms == ms_of(first + count - 1)
+            assert ms >= floor, "a causal floor was not honoured"
+            assert ms <= m.reserved_until_ms
+            if policy == "hlc":
+                assert clock.slept_s == slept, "the HLC policy never waits"
+                assert ms <= m.now_ms() + 100
+            else:
+                assert ms <= m.now_ms()
+            last_id = first + count - 1

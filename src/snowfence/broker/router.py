@@ -205,10 +205,6 @@ class Router:
             self.to_client(meta, addr, protocol.encode_time_reply(request.request_id, now, time.time_ns()))
         elif self.inflight.get(addr, 0) >= self.max_inflight:
             self.overloaded(meta, addr, body)
-        elif request.after is not None:
-            self.counters["bad_request"] += 1
-            err = BadRequest("this server does not support causal tokens (the AFTER flag)")
-            self.to_client(meta, addr, protocol.encode_error(request.request_id, err))
         else:
             self.dispatch(meta, addr, body)
 

@@ -47,6 +47,7 @@ from ..errors import (
     ReservationExpired,
     SnowfenceError,
     StateDirError,
+    TokenAhead,
 )
 from ..logs import event
 from ..logs import setup as setup_logs
@@ -255,13 +256,15 @@ class Worker:
     def work(self, frame: bytes) -> None:
         meta, addr, body = _split_routed(frame)
         plain = _plain_reserve(body)
+        after = None
         if plain is None:
             try:
                 request = protocol.decode_request(body)
                 if request.type != protocol.RESERVE:
                     raise BadRequest("only RESERVE requests reach workers")
-                if request.after is not None:
-                    raise BadRequest("this server does not support causal tokens (the AFTER flag)")
+                after = request.after
+                if after is not None and not 0 <= after < (1 << 63):
+                    raise BadRequest(f"causal token {after} is not a snowfence ID")
             except BadRequest as err:
                 self.counters["bad_request"] += 1
                 reply = protocol.encode_error(
@@ -277,11 +280,18 @@ class Worker:
             self._rr = (self._rr + 1) % len(ready)
             held = ready[self._rr]
             try:
-                first, count = held.minter.reserve(n)
+                if after is None:
+                    first, count = held.minter.reserve(n)
+                else:
+                    first, count = held.minter.reserve(n, held.minter.floor_after(after))
             except Refused as err:
                 error = err
                 self.on_refused(held, err)
                 continue
+            except TokenAhead as err:  # every worker here shares this clock: no point trying another
+                self.counters["token_ahead"] += 1
+                _send(self.sock, protocol.encode_reply(meta, addr, protocol.encode_error(request_id, err)))
+                return
             counters = self.counters
             counters["requests_ok"] += 1
             counters["ids"] += count
@@ -492,6 +502,8 @@ class Worker:
             max_step_back_ms=self.config.max_step_back_ms,
             on_step_back=self._on_step_back,
             waits=self.waits,
+            clock_policy=self.config.clock_policy,
+            max_ahead_ms=self.config.max_ahead_ms,
         )
         self.counters["claims"] += 1
         minter.start_after(lease.claimed_mark_ms)

@@ -22,12 +22,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..errors import BadRequest, ClockUnsafe, Fenced, ReservationExpired
+from ..errors import BadRequest, ClockUnsafe, Fenced, ReservationExpired, TokenAhead
 from ..ids import Layout
 from ..protocol import MAX_BLOCK
 
 #: A fence deadline that never passes (embedded mode: the kernel holds the lock).
 NEVER_NS = 1 << 62
+
+#: No causal token: any millisecond will do.
+NO_FLOOR = -(1 << 62)
 
 #: How long the minter may wait in one call for the clock to reach a millisecond
 #: before it gives up with ``clock_unsafe`` (a clock that does not advance).
@@ -47,6 +50,8 @@ class Minter:
         "reserved_until_ms",
         "clock_unsafe",
         "max_step_back_ms",
+        "max_ahead_ms",
+        "hlc",
         "on_step_back",
         "waits",
         "_wall_ns",
@@ -55,6 +60,7 @@ class Minter:
         "_epoch_ms",
         "_time_shift",
         "_base",
+        "_base_mask",
         "_max_seq",
         "_span",
     )
@@ -71,6 +77,8 @@ class Minter:
         max_step_back_ms: int = 10,
         on_step_back: Callable[[int, bool], None] | None = None,
         waits: dict | None = None,
+        clock_policy: str = "wait",
+        max_ahead_ms: int = 1000,
     ) -> None:
         self.layout = layout
         self.region = layout.check_region(region)
@@ -79,11 +87,18 @@ class Minter:
         self._mono_ns = mono_ns
         self._sleep = sleep
         self.max_step_back_ms = max_step_back_ms
+        if clock_policy not in ("wait", "hlc"):
+            raise ValueError(f"clock_policy must be 'wait' or 'hlc', not {clock_policy!r}")
+        #: "hlc": when the wall clock is behind (or a millisecond is used up), keep
+        #: minting from the logical millisecond instead of waiting, up to ``max_ahead_ms``.
+        self.hlc = clock_policy == "hlc"
+        self.max_ahead_ms = max_ahead_ms
         #: Called with (step_back_ms, refused) whenever the clock is seen behind last_ms.
         self.on_step_back = on_step_back
         self._epoch_ms = layout.epoch_ms
         self._time_shift = layout.time_shift
         self._base = (region << layout.region_shift) | (worker_id << layout.worker_shift)
+        self._base_mask = ((1 << layout.time_shift) - 1) ^ layout.max_sequence
         self._max_seq = layout.max_sequence
         self._span = layout.max_sequence + 1
         #: The last millisecond (since the epoch) minted from, and its last sequence.
@@ -109,6 +124,16 @@ class Minter:
             self.last_ms = mark_ms
             self.seq = self._max_seq
 
+    def floor_after(self, after: int) -> int:
+        """The earliest millisecond whose IDs from this worker ID all sort after ``after``.
+
+        In the same millisecond, IDs order by region and worker bits: a token
+        from a lower one is passed by this millisecond already, anything else
+        only by the next.
+        """
+        ms = after >> self._time_shift
+        return ms if self._base > (after & self._base_mask) else ms + 1
+
     def now_ms(self) -> int:
         """The wall clock in milliseconds since the epoch."""
         return self._wall_ns() // 1_000_000 - self._epoch_ms
@@ -122,12 +147,14 @@ class Minter:
 
     # -- the hot path ----------------------------------------------------------------
 
-    def reserve(self, n: int) -> tuple[int, int]:
+    def reserve(self, n: int, floor_ms: int = NO_FLOOR) -> tuple[int, int]:
         """Reserve up to ``n`` IDs minted within one millisecond: ``(first, count)``.
 
         ``count`` may be less than ``n`` when the millisecond has fewer IDs left;
-        the caller asks again for the rest. Raises :class:`Fenced`,
-        :class:`ClockUnsafe` or :class:`ReservationExpired` without changing state.
+        the caller asks again for the rest. ``floor_ms`` is the earliest
+        millisecond the IDs may carry (a causal token). Raises :class:`Fenced`,
+        :class:`ClockUnsafe`, :class:`ReservationExpired` or :class:`TokenAhead`
+        without changing state.
         """
         if not 0 < n <= MAX_BLOCK:
             raise BadRequest(f"count must be 1..{MAX_BLOCK}, got {n}")
@@ -135,12 +162,14 @@ class Minter:
             raise Fenced("no lease renewal succeeded within the fence window")
         now = self._wall_ns() // 1_000_000 - self._epoch_ms
         last = self.last_ms
-        if now > last:
+        if now > last and now >= floor_ms:
             seq = 0
-        elif now == last and self.seq < self._max_seq:
+        elif now == last and self.seq < self._max_seq and now >= floor_ms:
             seq = self.seq + 1
+        elif self.hlc:
+            now, seq = self._logical(now, floor_ms)
         else:
-            now, seq = self._wait_for_millisecond(now)
+            now, seq = self._wait_for_millisecond(now, floor_ms)
         if now > self.reserved_until_ms:
             raise ReservationExpired(f"millisecond {now} is past the persisted reservation {self.reserved_until_ms}")
         count = self._span - seq
@@ -150,43 +179,82 @@ class Minter:
         self.seq = seq + count - 1
         return self._base | (now << self._time_shift) | seq, count
 
-    def _wait_for_millisecond(self, now: int) -> tuple[int, int]:
-        """The slow path: the clock is behind ``last_ms``, or its millisecond is used up.
+    def _report_step_back(self, now: int, limit_ms: int) -> bool:
+        """Tell the observer about a clock behind ``last_ms``; True if it is beyond ``limit_ms``."""
+        back = self.last_ms - now
+        if back <= 0:
+            return False
+        refused = back > limit_ms
+        if self.on_step_back is not None:
+            self.on_step_back(back, refused)
+        return refused
+
+    def _logical(self, now: int, floor_ms: int) -> tuple[int, int]:
+        """The hybrid logical clock's slow path: never wait, run ahead of the wall clock instead.
+
+        The millisecond minted is the earliest one that is free, not below
+        ``floor_ms`` and not below the wall clock; it may be ahead of the wall
+        clock by up to ``max_ahead_ms``.
+        """
+        if self.seq < self._max_seq:
+            ms, seq = self.last_ms, self.seq + 1
+        else:
+            ms, seq = self.last_ms + 1, 0
+        if now > ms:
+            ms, seq = now, 0
+        if floor_ms > ms:
+            ms, seq = floor_ms, 0
+        ahead = ms - now
+        refused = self._report_step_back(now, self.max_ahead_ms)
+        if ahead > self.max_ahead_ms:
+            if ms == floor_ms and not refused:
+                raise TokenAhead(
+                    f"the causal token is {floor_ms - now} ms ahead of this worker's clock "
+                    f"(more than {self.max_ahead_ms} ms)"
+                )
+            self.clock_unsafe = True
+            raise ClockUnsafe(
+                f"the logical clock would run {ahead} ms ahead of the wall clock "
+                f"(more than {self.max_ahead_ms} ms); refusing until the wall clock catches up"
+            )
+        if ahead > 0:
+            self.waits["ahead"] = self.waits.get("ahead", 0) + 1
+        return ms, seq
+
+    def _wait_for_millisecond(self, now: int, floor_ms: int) -> tuple[int, int]:
+        """The slow path: the clock is behind ``last_ms`` or ``floor_ms``, or its millisecond is used up.
 
         Waits (bounded) until a millisecond with a free sequence number comes, and
         returns it with that sequence number; or raises without changing state.
         """
         last = self.last_ms
-        back = last - now
-        if back > 0:
-            refused = back > self.max_step_back_ms
-            if self.on_step_back is not None:
-                self.on_step_back(back, refused)
-            if refused:
-                self.clock_unsafe = True
-                raise ClockUnsafe(
-                    f"wall clock is {back} ms behind the last minted millisecond "
-                    f"(more than {self.max_step_back_ms} ms); refusing until it passes it"
-                )
-            self.waits["step_back"] += 1
-        else:
-            self.waits["sequence"] += 1
+        if floor_ms - now > self.max_step_back_ms:
+            raise TokenAhead(
+                f"the causal token is {floor_ms - now} ms ahead of this worker's clock "
+                f"(more than the {self.max_step_back_ms} ms it may wait)"
+            )
+        if self._report_step_back(now, self.max_step_back_ms):
+            self.clock_unsafe = True
+            raise ClockUnsafe(
+                f"wall clock is {last - now} ms behind the last minted millisecond "
+                f"(more than {self.max_step_back_ms} ms); refusing until it passes it"
+            )
+        self.waits["step_back" if now < last else "sequence"] += 1
         give_up_ns = self._mono_ns() + MAX_WAIT_NS
         while True:
             # Sleep to the start of the millisecond we can use: ``last`` itself if
-            # its sequence has room, else the one after it.
+            # its sequence has room, else the one after it; never below the floor.
             target = last if self.seq < self._max_seq else last + 1
+            if floor_ms > target:
+                target = floor_ms
             wall = self._wall_ns()
             now = wall // 1_000_000 - self._epoch_ms
-            if now > last:
-                seq = 0
+            if now >= target:
+                seq = 0 if now > last else self.seq + 1
                 break
-            if now == last and self.seq < self._max_seq:
-                seq = self.seq + 1
-                break
-            if last - now > self.max_step_back_ms:
+            if last - now > self.max_step_back_ms or floor_ms - now > self.max_step_back_ms:
                 self.clock_unsafe = True
-                raise ClockUnsafe(f"wall clock stepped back {last - now} ms while waiting")
+                raise ClockUnsafe(f"wall clock stepped back {max(last, floor_ms) - now} ms while waiting")
             if self._mono_ns() > give_up_ns:
                 raise ClockUnsafe("wall clock did not reach the next millisecond within 1 s")
             self._sleep(((target + self._epoch_ms) * 1_000_000 - wall) / 1e9)
