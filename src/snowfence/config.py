@@ -83,6 +83,13 @@ class Config:
     fence_after_s: float = setting(
         5.0, "A worker refuses (fenced) when no renewal sent within this many seconds succeeded.", metavar="S"
     )
+    partition_minting: bool = setting(
+        False,
+        "Keep minting while cut off from etcd, until the reservation runs out, instead of fencing at "
+        "fence_after_s. Pair it with a longer reservation_window_s: a dead owner's worker ID then stays unused "
+        "for as long.",
+        metavar="BOOL",
+    )
     reservation_window_s: float = setting(
         5.0, "How far ahead of the wall clock the time high-water mark is extended, in seconds.", metavar="S"
     )

@@ -31,8 +31,11 @@ def test_hlc_mints_straight_through_a_40_ms_step_back_without_waiting(nodes, etc
         during = [b for _ in range(50) for b in c.reserve(1000)]  # not one refusal, not one wait
     pairs = [(b.first, b.count) for b in before + during]
     check_blocks([pairs])
-    seen = wait_for(lambda: (lambda c: c if c.get("requests_ok", 0) >= 100 else None)(counters(node)), 5,
-                    what="the worker's next report")
+    seen = wait_for(
+        lambda: (lambda c: c if c.get("requests_ok", 0) >= 100 else None)(counters(node)),
+        5,
+        what="the worker's next report",
+    )
     assert seen.get("waits_step_back", 0) == 0, "the HLC policy never waits out a step back"
     assert seen.get("waits_ahead", 0) >= 1, "it minted from the logical clock, ahead of the wall clock"
     assert seen.get("refused_clock_unsafe", 0) == 0

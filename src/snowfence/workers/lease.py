@@ -116,7 +116,9 @@ class Store:
         if preferred is not None and preferred in order:
             order.remove(preferred)
             order.insert(0, preferred)
-        passes = [now_ms + max_ahead_ms, None] if self.skips_far_marks else [None]
+        # First a worker ID whose mark has passed (serve at once), then one whose
+        # mark is a plausible wait away, and only then any.
+        passes = [now_ms, now_ms + max_ahead_ms, None] if self.skips_far_marks else [None]
         for limit in passes:
             for worker_id in order:
                 try:
@@ -171,6 +173,7 @@ class Keeper(threading.Thread):
         fence_after_s: float,
         window_ms: int,
         retry_s: float = 0.25,
+        fence: bool = True,
         mono_ns: Callable[[], int] = time.monotonic_ns,
         on_event: Callable[[str, dict], None] | None = None,
     ) -> None:
@@ -179,6 +182,8 @@ class Keeper(threading.Thread):
         self.minter = minter
         self.interval_s = interval_s
         self.fence_ns = int(fence_after_s * 1e9)
+        #: False when minting through a partition: only the reservation bounds the owner.
+        self.fence = fence
         self.window_ms = window_ms
         self.retry_s = retry_s
         self._mono_ns = mono_ns
@@ -199,7 +204,7 @@ class Keeper(threading.Thread):
         lease.refresh()
         self.last_renewal_latency_s = (self._mono_ns() - sent) / 1e9
         self.last_renewal_ns = sent
-        minter.fence_deadline_ns = sent + self.fence_ns if lease.expires else NEVER_NS
+        minter.fence_deadline_ns = sent + self.fence_ns if lease.expires and self.fence else NEVER_NS
         now_ms = minter.now_ms()
         wanted = min(now_ms + self.window_ms, minter.layout.max_ms)
         if wanted > lease.reserved_until_ms:

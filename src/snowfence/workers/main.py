@@ -513,6 +513,7 @@ class Worker:
             interval_s=self.config.keepalive_interval_s,
             fence_after_s=self.config.fence_after_s,
             window_ms=window_ms,
+            fence=not self.config.partition_minting,
             on_event=lambda name, fields: event(log, name, level=logging.WARNING, **fields),
         )
         held = Held(lease, keeper, minter)

@@ -1,0 +1,106 @@
+"""Minting through a partition: a node cut off from etcd keeps minting until its
+reservation runs out, and its worker IDs stay untouched until their marks pass."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from conftest import HARNESS
+from netproxy import Proxy
+from nodes import wait_for
+from recorder import read as read_records
+
+from snowfence.ids import Layout
+
+LAYOUT = Layout(time_bits=41, region_bits=3, worker_bits=1, sequence_bits=18)  # two worker IDs
+COMMON = (
+    "--worker-bits",
+    "1",
+    "--sequence-bits",
+    "18",
+    "--lease-ttl-s",
+    "4",
+    "--keepalive-interval-s",
+    "0.8",
+    "--fence-after-s",
+    "2",
+    "--etcd-timeout-s",
+    "0.4",
+    "--reservation-window-s",
+    "8",
+    "--log-format",
+    "json",
+)
+
+
+def claims(node) -> list[dict]:
+    out = []
+    for line in node.log().splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") == "claimed":
+            out.append(e)
+    return out
+
+
+def test_a_partitioned_node_mints_until_its_reservation_ends_and_nothing_repeats(nodes, etcd, tmp_path):
+    proxies = [Proxy("127.0.0.1", m.client_port) for m in etcd.members]
+    try:
+        a = nodes.start(
+            "a",
+            workers=2,
+            args=(
+                "--etcd",
+                ",".join(p.url for p in proxies),
+                "--cluster",
+                "test",
+                "--partition-minting",
+                "true",
+                *COMMON,
+            ),
+        )
+        a.wait_ready()
+        b = nodes.start("b", workers=2, args=("--etcd", ",".join(etcd.endpoints), "--cluster", "test", *COMMON))
+        wait_for(lambda: "every worker ID of region 0 is taken" in b.log(), 10, what="b to find no free worker ID")
+        out = tmp_path / "calls.bin"
+        rec = subprocess.Popen(
+            [sys.executable, str(HARNESS / "recorder.py"), str(out), "1", "0.002", a.endpoint, b.endpoint]
+        )
+        time.sleep(1.0)
+        cut = time.monotonic_ns()
+        for p in proxies:
+            p.sever()
+        wait_for(lambda: len(b.ready_workers()) == 2, 30, what="b to take both worker IDs over")
+        time.sleep(1.0)
+        for p in proxies:
+            p.heal()
+        rec.terminate()
+        rec.wait(30)
+    finally:
+        for p in proxies:
+            p.close()
+    rows = read_records(str(out))
+    ok_a = [r for r in rows if r[2] == 0 and r[3] == 0]
+    ok_b = [r for r in rows if r[2] == 1 and r[3] == 0]
+    # a kept minting well past the 2 s fence of a node that fences...
+    last_a_s = (max(r[1] for r in ok_a) - cut) / 1e9
+    assert last_a_s > 5.0, f"a stopped minting {last_a_s:.1f} s after the cut"
+    # ...and stopped once its 8 s reservation ran out.
+    assert last_a_s < 8.0 + 2.0
+    refused_a = {r[3] for r in rows if r[2] == 0 and r[3] != 0 and r[0] > cut}
+    assert refused_a, "a refused once its reservation was gone"
+    # b claimed only after a's leases lapsed, and waited for a's marks.
+    taken = claims(b)
+    assert len(taken) == 2 and all(c["mark_ahead_ms"] > 0 for c in taken), taken
+    # Per worker ID, every ID b minted is above every ID a minted.
+    for w in (0, 1):
+        a_ids = [r[4] + r[5] - 1 for r in ok_a if LAYOUT.decompose(r[4]).worker == w]
+        b_ids = [r[4] for r in ok_b if LAYOUT.decompose(r[4]).worker == w]
+        assert a_ids and b_ids and min(b_ids) > max(a_ids)
+    spans = sorted((r[4], r[4] + r[5] - 1) for r in ok_a + ok_b)
+    assert all(f2 > l1 for (_, l1), (f2, _) in zip(spans, spans[1:], strict=False)), "an ID was issued twice"
