@@ -13,6 +13,7 @@ import argparse
 import array
 import os
 import sys
+import time
 
 import orjson
 
@@ -23,6 +24,7 @@ from .ids import format_unix_ms
 
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
 LAYOUT_FIELDS = ("epoch", "time_bits", "region_bits", "worker_bits", "sequence_bits")
+ETCD_FIELDS = ("etcd", "cluster", "etcd_ca", "etcd_cert", "etcd_key", "etcd_user", "etcd_password", "etcd_timeout_s")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
@@ -155,9 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("name", metavar="NAME")
     keygen.add_argument("--dir", default=".", help="Directory to write into (default: the current one).")
 
-    status = sub.add_parser("status", help="Show a node's workers: worker ID, state, lease, reservation.")
+    status = sub.add_parser(
+        "status",
+        help="Show a node's workers: worker ID, state, lease, reservation.",
+        description="Ask a node (--connect) about its workers, or with --etcd read every worker ID of the "
+        "cluster from etcd: held ones with their owner, lease and mark, and retired ones with their mark.",
+    )
     _connect_arg(status)
     status.add_argument("--json", action="store_true", help="Print the status as JSON.")
+    _add_config_flags(status, (*LAYOUT_FIELDS, *ETCD_FIELDS))
     return parser
 
 
@@ -293,6 +301,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    config = _load_config(args)
+    if config.etcd:
+        return _cluster_status(config, args.json)
     with _client(args) as client:
         status = client.status()
     if args.json:
@@ -319,6 +330,37 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{w.get('slot', '-'):>4} {w.get('pid', '-'):>7} {_dash(w.get('worker_id')):>9} {str(w.get('state')):<13} "
             f"{'yes' if w.get('in_rotation') else 'no':<8} {_dash(w.get('fence_in_s')):>10} "
             f"{_dash(w.get('lease_remaining_s')):>7} {reserved_text:<24} {w.get('reason') or ''}"
+        )
+    return 0
+
+
+def _cluster_status(config, as_json: bool) -> int:
+    from .workers.etcd import EtcdStore
+
+    store = EtcdStore(config)
+    try:
+        entries = store.census()
+    finally:
+        store.close()
+    epoch = config.layout.epoch_ms
+    now_ms = time.time_ns() // 1_000_000 - epoch
+    for e in entries:
+        if e.get("mark_ms") is not None:
+            e["mark_time"] = format_unix_ms(e["mark_ms"] + epoch)
+            e["mark_passed"] = e["mark_ms"] < now_ms
+    if as_json:
+        print(orjson.dumps({"cluster": config.cluster, "worker_ids": entries}, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    print(
+        f"cluster {config.cluster!r}: {sum(e['state'] == 'held' for e in entries)} worker IDs held, "
+        f"{sum(e['state'] == 'retired' for e in entries)} retired"
+    )
+    print(f"{'region':>6} {'worker':>6} {'state':<8} {'lease_s':>7} {'renewed_s':>9} {'mark':<24} {'passed':<6} owner")
+    for e in entries:
+        print(
+            f"{e['region']:>6} {e['worker_id']:>6} {e['state']:<8} {_dash(e.get('lease_remaining_s')):>7} "
+            f"{_dash(e.get('renewed_ago_s')):>9} {e.get('mark_time', '-'):<24} "
+            f"{'yes' if e.get('mark_passed') else 'no':<6} {e.get('holder') or e.get('last_holder') or ''}"
         )
     return 0
 

@@ -304,3 +304,25 @@ def test_tls_and_password_authentication_end_to_end(nodes, etcd_secure):
     wait_for(lambda: bad.log().count("claim_failed") >= 2, 20, what="failed claims")
     assert not bad.ready_workers()
     assert "wrong" not in bad.log()
+
+
+def test_status_of_the_cluster_lists_held_and_retired_worker_ids(nodes, etcd):
+    a = nodes.start("a", workers=2, args=etcd_args(etcd))
+    a.wait_ready()
+    b = nodes.start("b", workers=1, args=etcd_args(etcd))
+    b.wait_ready()
+    held_b = {w["worker_id"] for w in b.status()["workers"]}
+    assert b.stop() == 0  # its worker ID retires: a mark, no claim
+    cmd = [sys.executable, "-m", "snowfence", "status", "--etcd", ",".join(etcd.endpoints), "--cluster", "test"]
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    census = orjson.loads(out.stdout)["worker_ids"]
+    by_id = {e["worker_id"]: e for e in census}
+    for w in a.status()["workers"]:
+        e = by_id[w["worker_id"]]
+        assert e["state"] == "held" and e["token"] == w["token"] and 0 < e["lease_remaining_s"] <= 10
+        assert e["holder"].endswith(f":{w['pid']}:slot{w['slot']}")
+    (retired,) = held_b
+    assert by_id[retired]["state"] == "retired" and by_id[retired]["mark_passed"] is True
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    assert "2 worker IDs held, 1 retired" in text

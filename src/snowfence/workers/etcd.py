@@ -361,6 +361,43 @@ class EtcdStore(Store):
     def describe(self) -> dict:
         return {"store": "etcd", "cluster": self.config.cluster, "endpoints": list(self.config.etcd)}
 
+    @_etcd_call
+    def census(self) -> list[dict]:
+        """Every worker ID of the cluster that has a claim or a mark, in any region.
+
+        A worker ID with a mark but no claim is retired: free to claim, but a new
+        owner mints nothing until its clock has passed the mark (the mark makes the
+        old idea of a tombstone quarantine exact).
+        """
+        client = self.client
+        entries: dict[tuple[int, int], dict] = {}
+        for value, meta in client.get_prefix(self.prefix + "marks/"):
+            region, worker = map(int, meta.key.decode().rsplit("/", 2)[1:])
+            mark = orjson.loads(value)
+            entries[(region, worker)] = {
+                "region": region,
+                "worker_id": worker,
+                "state": "retired",
+                "mark_ms": mark["reserved_until_ms"],
+                "mark_token": mark.get("token"),
+                "last_holder": mark.get("holder"),
+            }
+        for value, meta in client.get_prefix(self.prefix + "workers/"):
+            region, worker = map(int, meta.key.decode().rsplit("/", 2)[1:])
+            entry = entries.setdefault((region, worker), {"region": region, "worker_id": worker, "mark_ms": None})
+            info = client.get_lease_info(meta.lease_id) if meta.lease_id else None
+            entry.update(
+                {
+                    "state": "held",
+                    "holder": orjson.loads(value).get("holder"),
+                    "token": meta.create_revision,
+                    "lease_id": f"{meta.lease_id:x}",
+                    "lease_remaining_s": info.TTL if info is not None else None,
+                    "renewed_ago_s": (info.grantedTTL - info.TTL) if info is not None and info.TTL >= 0 else None,
+                }
+            )
+        return [entries[k] for k in sorted(entries)]
+
 
 def _parse_endpoint(url: str) -> tuple[str, int, bool]:
     parts = urlsplit(url)
