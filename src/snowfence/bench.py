@@ -66,6 +66,7 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
 
     spec = BenchSpec(**spec_dict)
     time_shift = spec.layout["sequence_bits"] + spec.layout["worker_bits"] + spec.layout["region_bits"]
+    max_ms = (1 << spec.layout["time_bits"]) - 1
     epoch_ms = spec.layout["epoch_ms"]
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -166,7 +167,7 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
                 if check:
                     blocks.append(first)
                     blocks.append(count)
-                    unix_ms = (first >> time_shift) + epoch_ms
+                    unix_ms = ((first >> time_shift) & max_ms) + epoch_ms
                     if not sent[1] <= unix_ms <= wall() // 1_000_000:
                         outside += 1
         if now >= next_progress:

@@ -23,7 +23,7 @@ from .errors import ConfigError, SnowfenceError
 from .ids import format_unix_ms
 
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
-LAYOUT_FIELDS = ("epoch", "time_bits", "region_bits", "worker_bits", "sequence_bits")
+LAYOUT_FIELDS = ("epoch", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
 ETCD_FIELDS = ("etcd", "cluster", "etcd_ca", "etcd_cert", "etcd_key", "etcd_user", "etcd_password", "etcd_timeout_s")
 
 
@@ -260,10 +260,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
             status = 1
             continue
         if args.json:
-            print(orjson.dumps(fields.to_dict()).decode())
+            print(orjson.dumps(fields.to_dict(shard=bool(layout.shard_bits))).decode())
         else:
             print(
-                f"{fields.id}  {format_unix_ms(fields.unix_ms)}  region={fields.region} "
+                f"{fields.id}  {format_unix_ms(fields.unix_ms)}  "
+                + (f"shard={fields.shard} " if layout.shard_bits else "")
+                + f"region={fields.region} "
                 f"worker={fields.worker} sequence={fields.sequence}"
             )
     return status

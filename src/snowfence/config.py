@@ -59,6 +59,11 @@ class Config:
     region_bits: int = setting(3, "Bits of region number.", metavar="BITS")
     worker_bits: int = setting(7, "Bits of worker ID.", metavar="BITS")
     sequence_bits: int = setting(12, "Bits of per-millisecond sequence.", metavar="BITS")
+    shard_bits: int = setting(
+        0,
+        "High bits ahead of the timestamp holding a hash of the worker ID (0: none); time_bits shrink to match.",
+        metavar="BITS",
+    )
 
     # -- leases -----------------------------------------------------------------------
     state_dir: str = setting(
@@ -249,6 +254,7 @@ class Config:
             region_bits=self.region_bits,
             worker_bits=self.worker_bits,
             sequence_bits=self.sequence_bits,
+            shard_bits=self.shard_bits,
         )
 
     @property

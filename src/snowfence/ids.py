@@ -58,14 +58,15 @@ class Decoded(NamedTuple):
     region: int
     worker: int
     sequence: int
+    shard: int = 0
 
     @property
     def time(self) -> _dt.datetime:
         return _dt.datetime.fromtimestamp(self.unix_ms / 1000, tz=_dt.UTC)
 
-    def to_dict(self) -> dict:
-        """JSON-ready; the ID is a string because it does not fit a double."""
-        return {
+    def to_dict(self, shard: bool = False) -> dict:
+        """JSON-ready; the ID is a string because it does not fit a double. ``shard``: include it."""
+        out = {
             "id": str(self.id),
             "unix_ms": self.unix_ms,
             "time": format_unix_ms(self.unix_ms),
@@ -73,6 +74,9 @@ class Decoded(NamedTuple):
             "worker": self.worker,
             "sequence": self.sequence,
         }
+        if shard:
+            out["shard"] = self.shard
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +88,13 @@ class Layout:
     region_bits: int = 3
     worker_bits: int = 7
     sequence_bits: int = 12
+    #: Optional high bits ahead of the timestamp: a hash of (region, worker), so
+    #: writes spread over 2**shard_bits ranges of an index while each range stays
+    #: time-ordered. 0 (the default) is the plain layout.
+    shard_bits: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits"):
+        for name in ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"layout {name} must be an integer, not {value!r}")
@@ -100,15 +108,17 @@ class Layout:
             raise ConfigError(f"worker_bits must be 0..20, got {self.worker_bits}")
         if not 1 <= self.sequence_bits <= 22:
             raise ConfigError(f"sequence_bits must be 1..22, got {self.sequence_bits}")
-        total = self.time_bits + self.region_bits + self.worker_bits + self.sequence_bits
+        if not 0 <= self.shard_bits <= 8:
+            raise ConfigError(f"shard_bits must be 0..8, got {self.shard_bits}")
+        total = self.shard_bits + self.time_bits + self.region_bits + self.worker_bits + self.sequence_bits
         if total != ID_BITS:
-            raise ConfigError(
-                f"layout widths must sum to {ID_BITS} (bit 63 stays 0), got "
-                f"{self.time_bits}+{self.region_bits}+{self.worker_bits}+{self.sequence_bits}={total}"
-            )
+            widths = f"{self.time_bits}+{self.region_bits}+{self.worker_bits}+{self.sequence_bits}"
+            if self.shard_bits:
+                widths = f"{self.shard_bits}+{widths}"
+            raise ConfigError(f"layout widths must sum to {ID_BITS} (bit 63 stays 0), got {widths}={total}")
 
     # Shifts and limits, derived. Properties keep the dataclass's fields exactly the
-    # five numbers that define a layout, which is what nodes compare.
+    # numbers that define a layout, which is what nodes compare.
     @property
     def worker_shift(self) -> int:
         return self.sequence_bits
@@ -120,6 +130,17 @@ class Layout:
     @property
     def time_shift(self) -> int:
         return self.sequence_bits + self.worker_bits + self.region_bits
+
+    @property
+    def shard_shift(self) -> int:
+        return self.time_shift + self.time_bits
+
+    def shard_of(self, region: int, worker: int) -> int:
+        """The shard of a worker ID: a few bits of a multiplicative hash of (region, worker)."""
+        if not self.shard_bits:
+            return 0
+        key = (region << 20) | worker
+        return ((key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> (64 - self.shard_bits)
 
     @property
     def max_ms(self) -> int:
@@ -162,24 +183,31 @@ class Layout:
             raise ValueError(f"worker {worker} is outside 0..{self.max_worker}")
         if not 0 <= sequence <= self.max_sequence:
             raise ValueError(f"sequence {sequence} is outside 0..{self.max_sequence}")
-        return (ms << self.time_shift) | (region << self.region_shift) | (worker << self.worker_shift) | sequence
+        return (
+            (self.shard_of(region, worker) << self.shard_shift)
+            | (ms << self.time_shift)
+            | (region << self.region_shift)
+            | (worker << self.worker_shift)
+            | sequence
+        )
 
     def decompose(self, id_: int) -> Decoded:
         """The fields of an ID; the exact inverse of :meth:`compose`."""
         if isinstance(id_, bool) or not isinstance(id_, int) or not 0 <= id_ < (1 << ID_BITS):
             raise ValueError(f"{id_!r} is not a snowfence ID (a non-negative 63-bit integer)")
-        ms = id_ >> self.time_shift
+        ms = (id_ >> self.time_shift) & self.max_ms
         return Decoded(
             id=id_,
             unix_ms=ms + self.epoch_ms,
             region=(id_ >> self.region_shift) & self.max_region,
             worker=(id_ >> self.worker_shift) & self.max_worker,
             sequence=id_ & self.max_sequence,
+            shard=id_ >> self.shard_shift,
         )
 
     def ms_of(self, id_: int) -> int:
         """Milliseconds since the epoch carried by an ID."""
-        return id_ >> self.time_shift
+        return (id_ >> self.time_shift) & self.max_ms
 
     def to_time(self, id_: int) -> _dt.datetime:
         """When an ID was minted, as an aware UTC datetime (millisecond precision)."""
@@ -190,15 +218,16 @@ class Layout:
 
     @classmethod
     def from_dict(cls, data: dict) -> Layout:
-        fields = ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits")
+        fields = ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
         unknown = set(data) - set(fields)
         if unknown:
             raise ConfigError(f"unknown layout fields: {', '.join(sorted(unknown))}")
         return cls(**{k: data[k] for k in fields if k in data})
 
     def describe(self) -> str:
+        shard = f"{self.shard_bits} shard, " if self.shard_bits else ""
         return (
-            f"{self.time_bits} bits of ms since {format_unix_ms(self.epoch_ms)}, "
+            f"{shard}{self.time_bits} bits of ms since {format_unix_ms(self.epoch_ms)}, "
             f"{self.region_bits} region, {self.worker_bits} worker, {self.sequence_bits} sequence"
         )
 

@@ -72,9 +72,10 @@ def test_status_broker_fields(server, sockets):
 def test_status_layout_fields(server, sockets):
     _, st = get_status(sockets)
     lay = st["layout"]
-    for key in ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits"):
+    for key in ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits"):
         assert key in lay and is_int(lay[key]), f"layout.{key}: {lay}"
-    assert lay["time_bits"] + lay["region_bits"] + lay["worker_bits"] + lay["sequence_bits"] == 63, lay
+    widths = ("shard_bits", "time_bits", "region_bits", "worker_bits", "sequence_bits")
+    assert sum(lay[k] for k in widths) == 63, lay
     # The default layout of the doc (the server runs with defaults).
     assert lay == {
         "epoch_ms": 1767225600000,  # 2026-01-01T00:00:00Z
@@ -82,6 +83,7 @@ def test_status_layout_fields(server, sockets):
         "region_bits": 3,
         "worker_bits": 7,
         "sequence_bits": 12,
+        "shard_bits": 0,
     }
 
 

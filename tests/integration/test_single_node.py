@@ -548,3 +548,21 @@ def test_bench_reports_rates_latency_and_checks_every_id(nodes):
         "1",
     ).stdout
     assert "IDs/s" in text and "unique       yes" in text
+
+
+def test_a_shard_prefixed_layout_end_to_end(nodes):
+    from snowfence.ids import Layout
+
+    layout = Layout(time_bits=39, region_bits=3, worker_bits=7, sequence_bits=12, shard_bits=2)
+    args = ("--time-bits", "39", "--shard-bits", "2")
+    node = nodes.start(workers=2, args=args)
+    node.wait_ready()
+    with node.client() as c:
+        blocks = c.reserve(20_000)
+    for b in blocks:
+        d = layout.decompose(b.first)
+        assert d.shard == layout.shard_of(d.region, d.worker)
+        assert layout.ms_of(b.first) == layout.ms_of(b.last)
+    decoded = orjson.loads(run_cli("decode", str(blocks[0].first), "--json", *args).stdout)
+    assert decoded["shard"] == layout.decompose(blocks[0].first).shard
+    assert abs(decoded["unix_ms"] - time.time() * 1000) < 60_000

@@ -126,3 +126,30 @@ def test_layout_round_trips_through_a_dict_and_rejects_unknown_fields():
     assert Layout.from_dict(L.to_dict()) == L
     with pytest.raises(ConfigError):
         Layout.from_dict({**L.to_dict(), "shard_bits": 2})
+
+
+def test_shard_prefixed_layout_round_trips_and_stays_time_ordered_within_a_shard():
+    L = Layout(time_bits=39, region_bits=3, worker_bits=7, sequence_bits=12, shard_bits=2)
+    assert L.shard_shift == 61
+    shards = {L.shard_of(0, w) for w in range(128)}
+    assert shards == {0, 1, 2, 3}, "workers spread over every shard"
+    for w in (0, 5, 77):
+        a, b = L.compose(1000, 1, w, 7), L.compose(1001, 1, w, 0)
+        assert a < b and L.ms_of(a) == 1000 and L.ms_of(b) == 1001
+        d = L.decompose(a)
+        assert (d.unix_ms - L.epoch_ms, d.region, d.worker, d.sequence, d.shard) == (1000, 1, w, 7, L.shard_of(1, w))
+        assert a >> 61 == L.shard_of(1, w) and a < 2**63
+    assert Layout.from_dict(L.to_dict()) == L
+    assert "2 shard" in L.describe()
+
+
+def test_a_layout_recorded_before_shards_existed_still_matches():
+    old = {"epoch_ms": DEFAULT_EPOCH_MS, "time_bits": 41, "region_bits": 3, "worker_bits": 7, "sequence_bits": 12}
+    assert Layout.from_dict(old) == DEFAULT_LAYOUT
+
+
+def test_shard_bits_must_fit():
+    with pytest.raises(ConfigError):
+        Layout(shard_bits=2)  # 41+3+7+12+2 = 65
+    with pytest.raises(ConfigError):
+        Layout(time_bits=32, region_bits=3, worker_bits=7, sequence_bits=12, shard_bits=9)

@@ -499,3 +499,25 @@ def test_both_policies_keep_ids_unique_increasing_and_above_their_floor(policy, 
             else:
                 assert ms <= m.now_ms()
             last_id = first + count - 1
+
+
+def test_shard_prefixed_ids_and_causal_floors_across_shards():
+    layout = Layout(time_bits=39, region_bits=3, worker_bits=7, sequence_bits=12, shard_bits=2)
+    clock = FakeClock()
+    by_shard = {}
+    for w in range(128):
+        by_shard.setdefault(layout.shard_of(0, w), w)
+    low, high = by_shard[0], by_shard[3]
+    lo = Minter(layout, 0, low, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    hi = Minter(layout, 0, high, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    for m in (lo, hi):
+        m.fence_deadline_ns = NEVER_NS
+        m.reserved_until_ms = m.now_ms() + 10_000
+    a, _ = lo.reserve(1)
+    b, _ = hi.reserve(1)
+    assert layout.decompose(a).shard == 0 and layout.decompose(b).shard == 3 and b > a
+    assert hi.floor_after(a) == -(1 << 62)  # a higher shard already sorts after anything lower
+    with pytest.raises(BadRequest):
+        lo.floor_after(b)  # nothing shard 0 mints sorts after shard 3
+    c, _ = lo.reserve(1, lo.floor_after(a))
+    assert c > a

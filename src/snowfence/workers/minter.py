@@ -61,6 +61,7 @@ class Minter:
         "_time_shift",
         "_base",
         "_base_mask",
+        "_shard",
         "_max_seq",
         "_span",
     )
@@ -97,7 +98,10 @@ class Minter:
         self.on_step_back = on_step_back
         self._epoch_ms = layout.epoch_ms
         self._time_shift = layout.time_shift
-        self._base = (region << layout.region_shift) | (worker_id << layout.worker_shift)
+        self._shard = layout.shard_of(region, worker_id)
+        self._base = (
+            (self._shard << layout.shard_shift) | (region << layout.region_shift) | (worker_id << layout.worker_shift)
+        )
         self._base_mask = ((1 << layout.time_shift) - 1) ^ layout.max_sequence
         self._max_seq = layout.max_sequence
         self._span = layout.max_sequence + 1
@@ -131,8 +135,18 @@ class Minter:
         from a lower one is passed by this millisecond already, anything else
         only by the next.
         """
-        ms = after >> self._time_shift
-        return ms if self._base > (after & self._base_mask) else ms + 1
+        layout = self.layout
+        shard = after >> layout.shard_shift
+        if shard != self._shard:
+            if self._shard > shard:
+                return NO_FLOOR  # a higher shard sorts after anything of a lower one
+            raise BadRequest(
+                f"the causal token is in shard {shard}, above this worker ID's shard {self._shard}: "
+                "no ID minted here can sort after it"
+            )
+        ms = (after >> self._time_shift) & layout.max_ms
+        own = self._base & self._base_mask
+        return ms if own > (after & self._base_mask) else ms + 1
 
     def now_ms(self) -> int:
         """The wall clock in milliseconds since the epoch."""
