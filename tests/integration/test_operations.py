@@ -232,6 +232,14 @@ def test_hostile_frames_crash_nothing_and_valid_requests_keep_being_served(nodes
     node = nodes.start(workers=2, args=("--max-inflight-per-client", "64"))
     node.wait_ready()
     pids = [node.pid, *node.worker_pids()]
+
+    def rss_kib(pid: int) -> int:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    rss_before = {p: rss_kib(p) for p in pids}
     socks = [raw(node.endpoint) for _ in range(4)]
     served = []
     stop = False
@@ -272,6 +280,8 @@ def test_hostile_frames_crash_nothing_and_valid_requests_keep_being_served(nodes
         except zmq.Again:
             pass
     assert [node.pid, *node.worker_pids()] == pids, "no process died or restarted"
+    for p in pids:  # nothing piles up: per-connection state and queues drain
+        assert rss_kib(p) - rss_before[p] < 20_000, f"pid {p} grew from {rss_before[p]} to {rss_kib(p)} KiB"
     assert len(served) > 10 and all(n == 100 for n in served)
     status = node.status()
     assert all(w["state"] == "ready" for w in status["workers"])

@@ -243,6 +243,12 @@ class Keeper(threading.Thread):
             if self.failures:
                 self._on_event("renewed", {"worker_id": self.lease.worker_id, "after_failures": self.failures})
                 self.failures = 0
+            elif self.last_renewal_latency_s is not None and self.last_renewal_latency_s * 1e9 > self.fence_ns / 4:
+                # Succeeded, but a few more like it and the worker fences.
+                self._on_event(
+                    "renewed_late",
+                    {"worker_id": self.lease.worker_id, "latency_s": round(self.last_renewal_latency_s, 3)},
+                )
             backoff = self.retry_s
             self._sleep(self.interval_s)
 
