@@ -183,9 +183,9 @@ class Config:
             raise ConfigError(f"workers must be 0..{layout.max_worker + 1}, got {self.workers}")
         if not 1 <= self.ids_per_worker <= layout.max_worker + 1:
             raise ConfigError(f"ids_per_worker must be 1..{layout.max_worker + 1}, got {self.ids_per_worker}")
-        if (self.workers or 1) * self.ids_per_worker > layout.max_worker + 1:
+        if self.worker_count * self.ids_per_worker > layout.max_worker + 1:
             raise ConfigError(
-                f"{self.workers} workers x {self.ids_per_worker} worker IDs each need more than the "
+                f"{self.worker_count} workers x {self.ids_per_worker} worker IDs each need more than the "
                 f"{layout.max_worker + 1} worker IDs a region has with {layout.worker_bits} worker bits"
             )
         if self.max_inflight_per_client < 1:

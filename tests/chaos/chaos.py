@@ -46,7 +46,7 @@ import recorder  # noqa: E402
 from clock import ClockTable, build_clockshim  # noqa: E402
 from etcdharness import EtcdCluster  # noqa: E402
 from netproxy import Proxy  # noqa: E402
-from nodes import Node, wait_for  # noqa: E402
+from nodes import FAST_LEASES, Node, wait_for  # noqa: E402
 
 from snowfence.errors import SnowfenceError  # noqa: E402
 from snowfence.ids import Layout  # noqa: E402
@@ -56,29 +56,9 @@ from snowfence.ids import Layout  # noqa: E402
 LAYOUT = Layout(time_bits=41, region_bits=3, worker_bits=3, sequence_bits=16)
 LAYOUT_ARGS = ["--worker-bits", "3", "--sequence-bits", "16"]
 
-#: Lease timing scaled down 2.5x from the defaults (same relations: renew <
-#: fence < TTL, window > renew) so leases lapse within a test's time.
-TIMING = {
-    "lease_ttl_s": 4.0,
-    "keepalive_interval_s": 0.8,
-    "fence_after_s": 2.0,
-    "reservation_window_s": 2.0,
-    "etcd_timeout_s": 0.4,
-}
-TIMING_ARGS = [
-    "--lease-ttl-s",
-    "4",
-    "--keepalive-interval-s",
-    "0.8",
-    "--fence-after-s",
-    "2",
-    "--reservation-window-s",
-    "2",
-    "--etcd-timeout-s",
-    "0.4",
-    "--heartbeat-timeout-s",
-    "1.5",
-]
+#: The harness's scaled lease timing, and a short heartbeat timeout so a paused
+#: worker leaves rotation quickly.
+TIMING_ARGS = [*FAST_LEASES, "--heartbeat-timeout-s", "1.5"]
 LONG_PAUSE_S = 6.0  # longer than the lease TTL
 SHORT_PAUSE_S = 1.0
 

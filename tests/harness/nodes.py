@@ -151,5 +151,22 @@ def group_has_live_members(pgid: int) -> bool:
     return False
 
 
+#: Lease timing scaled down 2.5x from the defaults, so tests see leases lapse and
+#: worker IDs change hands in seconds; the relations between the settings (renew
+#: < fence < TTL, window > renew) are the defaults'.
+FAST_LEASES = (
+    "--lease-ttl-s",
+    "4",
+    "--keepalive-interval-s",
+    "0.8",
+    "--fence-after-s",
+    "2",
+    "--reservation-window-s",
+    "2",
+    "--etcd-timeout-s",
+    "0.4",
+)
+
+
 def etcd_args(cluster, name: str = "test", *extra) -> tuple:
     return ("--etcd", ",".join(cluster.endpoints), "--cluster", name, *extra)

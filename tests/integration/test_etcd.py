@@ -14,25 +14,12 @@ import orjson
 import pytest
 from checks import check_blocks, read_pairs
 from conftest import HARNESS
-from nodes import etcd_args, wait_for
+from nodes import FAST_LEASES, etcd_args, wait_for
 
 from snowfence.errors import Fenced, SnowfenceError
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 
-#: Lease timing scaled down 2.5x so takeover tests run in seconds; the relations
-#: between the settings (renew < fence < TTL, window > renew) are the defaults'.
-FAST = (
-    "--lease-ttl-s",
-    "4",
-    "--keepalive-interval-s",
-    "0.8",
-    "--fence-after-s",
-    "2",
-    "--reservation-window-s",
-    "2",
-    "--etcd-timeout-s",
-    "0.4",
-)
+FAST = FAST_LEASES
 #: A layout with two worker IDs per region, so a region can be exhausted.
 TWO_IDS = ("--worker-bits", "1", "--sequence-bits", "18")
 TWO_IDS_LAYOUT = Layout(time_bits=41, region_bits=3, worker_bits=1, sequence_bits=18)

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 import zmq
-from nodes import etcd_args, wait_for
+from nodes import FAST_LEASES, etcd_args, wait_for
 
 from snowfence import Client, protocol
 from snowfence.errors import ClockUnsafe, Timeout
@@ -49,19 +49,7 @@ def metric(addr: str, name: str, labels: str = "") -> float:
 
 
 def test_metrics_move_on_a_fence_and_readiness_flips(nodes, etcd):
-    fast = (
-        "--lease-ttl-s",
-        "4",
-        "--keepalive-interval-s",
-        "0.8",
-        "--fence-after-s",
-        "2",
-        "--reservation-window-s",
-        "2",
-        "--etcd-timeout-s",
-        "0.4",
-    )
-    node = nodes.start(workers=2, args=(*etcd_args(etcd, "test", *fast), "--metrics-bind", "127.0.0.1:0"))
+    node = nodes.start(workers=2, args=(*etcd_args(etcd, "test", *FAST_LEASES), "--metrics-bind", "127.0.0.1:0"))
     node.wait_ready()
     addr = health(node)
     assert get(addr, "/livez")[0] == 200

@@ -10,7 +10,7 @@ import time
 
 from conftest import HARNESS
 from netproxy import Proxy
-from nodes import wait_for
+from nodes import FAST_LEASES, wait_for
 from recorder import read as read_records
 
 from snowfence.ids import Layout
@@ -21,19 +21,12 @@ COMMON = (
     "1",
     "--sequence-bits",
     "18",
-    "--lease-ttl-s",
-    "4",
-    "--keepalive-interval-s",
-    "0.8",
-    "--fence-after-s",
-    "2",
-    "--etcd-timeout-s",
-    "0.4",
-    "--reservation-window-s",
-    "8",
+    *FAST_LEASES,
     "--log-format",
     "json",
-)
+    "--reservation-window-s",
+    "8",
+)  # later flags win: a longer reservation than FAST_LEASES's
 
 
 def claims(node) -> list[dict]:

@@ -109,6 +109,7 @@ class Metrics:
         waits = CounterMetricFamily("snowfence_waits", "Waits inside the minter, by cause.", labels=["cause"])
         waits.add_metric(["step_back"], t["waits_step_back"])
         waits.add_metric(["sequence"], t["waits_sequence"])
+        waits.add_metric(["ahead"], t["waits_ahead"])  # hlc: minted ahead of the wall clock instead of waiting
         fams.append(waits)
         if self.step_back_le:
             cumulative, buckets = 0, []

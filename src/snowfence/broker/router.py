@@ -393,10 +393,7 @@ class Router:
             return
         if self.metrics is not None:
             self.metrics.forget(ident)
-        if link.outstanding:
-            # Its requests died with it, and we do not know whose they were: start
-            # the per-connection counts afresh rather than hold them against clients.
-            self.inflight.clear()
+        self._lose_requests(link)
         if link.ready:
             link.ready = False
             self.rotation.remove(link)
@@ -407,6 +404,14 @@ class Router:
             slot=link.slot,
             pid=link.pid,
         )
+
+    def _lose_requests(self, link: Link) -> None:
+        """Whatever ``link`` had queued is lost to its clients' retries."""
+        if link.outstanding:
+            link.outstanding = 0
+            # We do not know whose requests they were: start the per-connection
+            # counts afresh rather than hold lost requests against clients.
+            self.inflight.clear()
 
     def forget_pid(self, pid: int, why: str) -> None:
         for ident, link in list(self.links.items()):
@@ -437,7 +442,7 @@ class Router:
                     pid=link.pid,
                 )
                 self._set_ready(link, False)
-                link.outstanding = 0  # whatever it had queued is lost to its clients' retries
+                self._lose_requests(link)
             self.send_worker(ident, protocol.PING_FRAME)
 
     def send_worker(self, ident: bytes, frame: bytes) -> None:

@@ -25,12 +25,11 @@ from .core import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_WINDOW,
     Block,
-    Core,
+    ClientBase,
     Pending,
     ReserveJob,
     apply_reply,
 )
-from .security import Curve
 
 
 def run(main: Awaitable):
@@ -42,7 +41,7 @@ def run(main: Awaitable):
     return uvloop.run(main)
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """Reserve IDs from snowfence brokers from asyncio code.
 
     Same names as :class:`snowfence.Client`: ``await reserve(n)``, ``ids()`` (an
@@ -60,28 +59,14 @@ class AsyncClient:
         server_key: str | bytes | None = None,
         client_key: str | None = None,
     ) -> None:
-        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        if not self.endpoints:
-            raise ValueError("at least one endpoint is needed")
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.window = window
-        self._timeout_ns = int(timeout_s * 1e9)
+        super().__init__(
+            endpoints, timeout_s=timeout_s, retries=retries, window=window, server_key=server_key, client_key=client_key
+        )
         self._ctx = context or zmq.asyncio.Context.instance()
-        self._core = Core()
-        self._endpoint_index = 0
         self._sock: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task | None = None
         self._waiters: dict[int, asyncio.Future] = {}
-        self.resets = 0
         self._closed = False
-        self.curve = Curve.for_client(server_key, client_key) if server_key is not None else None
-
-    @property
-    def endpoint(self) -> str:
-        return self.endpoints[self._endpoint_index]
 
     # -- transport ----------------------------------------------------------------------
 
@@ -114,7 +99,6 @@ class AsyncClient:
 
     def _reset(self, rotate: bool = True) -> None:
         """Close the socket with everything still on it; the waiters learn it is gone."""
-        self._core.abandon(list(self._core.inflight.values()))
         for future in self._waiters.values():
             if not future.done():
                 future.set_result(None)
@@ -125,9 +109,7 @@ class AsyncClient:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
-        if rotate and len(self.endpoints) > 1:
-            self._endpoint_index = (self._endpoint_index + 1) % len(self.endpoints)
-        self.resets += 1
+        self._forget_connection(rotate)
 
     async def _ask(self, pending: Pending, frame: bytes) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()

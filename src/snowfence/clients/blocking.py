@@ -19,11 +19,19 @@ import zmq
 
 from .. import protocol
 from ..errors import SnowfenceError, Timeout
-from .core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_WINDOW, Block, Core, Pending, ReserveJob, apply_reply
-from .security import Curve
+from .core import (
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WINDOW,
+    Block,
+    ClientBase,
+    Pending,
+    ReserveJob,
+    apply_reply,
+)
 
 
-class Client:
+class Client(ClientBase):
     """Reserve IDs from one or more snowfence brokers.
 
     ``endpoints`` is one ZeroMQ endpoint or a list of them, tried in turn when
@@ -41,24 +49,13 @@ class Client:
         server_key: str | bytes | None = None,
         client_key: str | None = None,
     ) -> None:
-        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        if not self.endpoints:
-            raise ValueError("at least one endpoint is needed")
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.window = window
-        self._timeout_ns = int(timeout_s * 1e9)
+        super().__init__(
+            endpoints, timeout_s=timeout_s, retries=retries, window=window, server_key=server_key, client_key=client_key
+        )
         self._ctx = context or zmq.Context.instance()
-        self._core = Core()
         self._lock = threading.RLock()
-        self._endpoint_index = 0
         self._sock: zmq.Socket | None = None
         self._prefetchers: list[Prefetcher] = []
-        #: CURVE settings when the broker encrypts (``server_key``: its public key or certificate file).
-        self.curve = Curve.for_client(server_key, client_key) if server_key is not None else None
-        self.resets = 0
 
     # -- public API ---------------------------------------------------------------------
 
@@ -108,10 +105,6 @@ class Client:
                 if attempts > self.retries:
                     raise Timeout(f"no status reply from {self.endpoint} within {self.timeout_s} s")
 
-    @property
-    def endpoint(self) -> str:
-        return self.endpoints[self._endpoint_index]
-
     def close(self) -> None:
         for fetcher in self._prefetchers:
             fetcher.close()
@@ -141,13 +134,10 @@ class Client:
 
     def _reset(self, rotate: bool) -> None:
         """Drop the socket (and any reply still on its way) and reconnect."""
-        self._core.abandon(list(self._core.inflight.values()))
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
-        if rotate and len(self.endpoints) > 1:
-            self._endpoint_index = (self._endpoint_index + 1) % len(self.endpoints)
-        self.resets += 1
+        self._forget_connection(rotate)
 
     def _await(self, pending: Pending) -> protocol.Reply | None:
         """Wait for the reply to one request; None (and a reset) if it timed out."""

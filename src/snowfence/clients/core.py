@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .. import protocol
@@ -129,6 +129,54 @@ class Core:
     def abandon(self, pendings) -> None:
         for p in pendings:
             self.inflight.pop(p.request_id, None)
+
+
+class ClientBase:
+    """What both clients keep that no socket touches: endpoints and whose turn it
+    is, timeout and retry settings, the request-id core, and CURVE keys."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout_s: float,
+        retries: int,
+        window: int,
+        server_key: str | bytes | None,
+        client_key: str | None,
+    ) -> None:
+        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not self.endpoints:
+            raise ValueError("at least one endpoint is needed")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        if retries < 0 or window < 1:
+            raise ValueError("retries must be >= 0 and window >= 1")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.window = window
+        self._timeout_ns = int(timeout_s * 1e9)
+        self._core = Core()
+        self._endpoint_index = 0
+        self.resets = 0
+        if server_key is not None:
+            from .security import Curve
+
+            #: CURVE settings when the broker encrypts (``server_key``: its public key or certificate file).
+            self.curve = Curve.for_client(server_key, client_key)
+        else:
+            self.curve = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[self._endpoint_index]
+
+    def _forget_connection(self, rotate: bool) -> None:
+        """The socket is going: nothing on it will be answered; move to the next endpoint."""
+        self._core.abandon(list(self._core.inflight.values()))
+        if rotate and len(self.endpoints) > 1:
+            self._endpoint_index = (self._endpoint_index + 1) % len(self.endpoints)
+        self.resets += 1
 
 
 @dataclass
