@@ -248,7 +248,9 @@ def run(spec: BenchSpec, progress=None) -> dict:
                     if msg[0] == "progress":
                         _, at_ns, n_ids, _, _ = msg
                         if at_ns >= measure_ns:
-                            timeline[int((at_ns - measure_ns) / 1e9 / 0.5)] += n_ids
+                            # A report covers the interval before it: file it under its middle.
+                            middle_s = (at_ns - measure_ns) / 1e9 - PROGRESS_INTERVAL_S / 2
+                            timeline[max(0, int(middle_s / 0.5))] += n_ids
                             live_ids += n_ids
                     else:
                         results[i] = msg[1]
