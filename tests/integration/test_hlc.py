@@ -109,3 +109,22 @@ def test_cli_reserve_after(nodes):
     assert out.returncode == 0, out.stderr
     ids = [int(x) for x in out.stdout.split()]
     assert len(ids) == 1000 and min(ids) > token
+
+
+def test_a_token_from_a_higher_shard_is_a_bad_request_and_the_worker_lives_on(nodes):
+    from snowfence.errors import BadRequest
+    from snowfence.ids import Layout
+
+    layout = Layout(time_bits=39, region_bits=3, worker_bits=7, sequence_bits=12, shard_bits=2)
+    node = nodes.start(workers=1, args=("--time-bits", "39", "--shard-bits", "2"))
+    node.wait_ready()
+    pids = node.worker_pids()
+    with node.client(retries=0) as c:
+        first = c.reserve(1)[0].first
+        assert layout.decompose(first).shard < 3  # worker ID 0 of region 0 hashes to shard 0
+        token = layout.compose(layout.ms_of(first), 0, 0, 0) | (3 << layout.shard_shift)
+        with pytest.raises(BadRequest) as info:
+            c.reserve(1, after=token)
+        assert "shard" in info.value.message
+        assert c.reserve(1)[0].first > first
+    assert node.worker_pids() == pids

@@ -215,16 +215,14 @@ class Router:
             return True
         if self.veto is not None:
             self.counters["refused"] += 1
-            self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), ClockUnsafe(self.veto)))
+            self.answer_now(meta, addr, body, ClockUnsafe(self.veto))
             return True
         while True:
             link = self.pick()
             if link is None:
                 if not self.rotation:
                     self.counters["unavailable"] += 1
-                    self.to_client(
-                        meta, addr, protocol.encode_error(protocol.request_id_of(body), self.why_none_ready())
-                    )
+                    self.answer_now(meta, addr, body, self.why_none_ready())
                     return True
                 self.pending.append((meta, addr, body))
                 return False
@@ -240,6 +238,13 @@ class Router:
             if not meta & _META_TRIES:  # counted once per request, not per retry
                 self.inflight[addr] = self.inflight.get(addr, 0) + 1
             return True
+
+    def answer_now(self, meta: int, addr: bytes, body: bytes, err: SnowfenceError) -> None:
+        """Answer a request with an error without a worker. A retry was counted in
+        flight when it was first sent, so its answer ends it."""
+        self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), err))
+        if meta & _META_TRIES:
+            self.done(addr)
 
     def done(self, addr: bytes) -> None:
         """A request of ``addr`` got its final answer."""
@@ -276,7 +281,7 @@ class Router:
 
     def unavailable(self, meta: int, addr: bytes, body: bytes, why: str) -> None:
         self.counters["unavailable"] += 1
-        self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), Unavailable(why)))
+        self.answer_now(meta, addr, body, Unavailable(why))
 
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
         front = self.frontend

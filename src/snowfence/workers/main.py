@@ -288,8 +288,10 @@ class Worker:
                 error = err
                 self.on_refused(held, err)
                 continue
-            except TokenAhead as err:  # every worker here shares this clock: no point trying another
-                self.counters["token_ahead"] += 1
+            except (TokenAhead, BadRequest) as err:
+                # A token too far ahead (every worker here shares this clock: no point
+                # trying another), or one this worker ID's shard cannot sort after.
+                self.counters[err.code] += 1
                 _send(self.sock, protocol.encode_reply(meta, addr, protocol.encode_error(request_id, err)))
                 return
             counters = self.counters
