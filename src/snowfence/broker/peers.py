@@ -42,7 +42,7 @@ class PeerClocks:
             self.sockets[sock] = endpoint
         #: endpoint -> (offset_ns, delay_ns, measured at monotonic ns)
         self.offsets: dict[str, tuple[int, int, int]] = {}
-        self._sent: dict[int, tuple[zmq.Socket, int]] = {}
+        self._sent: dict[int, tuple[zmq.Socket, int, int]] = {}
         self._ids = itertools.count(1)
         self._next_ns = 0
         self.veto: str | None = None
@@ -58,7 +58,7 @@ class PeerClocks:
                 sock.send(protocol.encode_time(rid), zmq.NOBLOCK)
             except zmq.Again:
                 continue  # not connected: the peer does not vote
-            self._sent[rid] = (sock, time.time_ns())
+            self._sent[rid] = (sock, time.time_ns(), time.monotonic_ns())
         self.veto = self.judge(now_ns)
 
     def on_readable(self, sock: zmq.Socket) -> None:
@@ -67,7 +67,7 @@ class PeerClocks:
                 body = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            t4 = time.time_ns()
+            t4, t4_mono = time.time_ns(), time.monotonic_ns()
             try:
                 reply = protocol.decode_reply(body)
             except Exception:
@@ -75,9 +75,12 @@ class PeerClocks:
             sent = self._sent.pop(reply.request_id, None)
             if sent is None or sent[0] is not sock or reply.times is None:
                 continue
-            t1 = sent[1]
+            _, t1, t1_mono = sent
             t2, t3 = reply.times
-            self.offsets[self.sockets[sock]] = ((t2 - t1 + t3 - t4) // 2, (t4 - t1) - (t3 - t2), time.monotonic_ns())
+            # The offset needs our wall clock; our side of the round trip is a
+            # duration, measured on the monotonic clock.
+            round_trip = (t4_mono - t1_mono) - (t3 - t2)
+            self.offsets[self.sockets[sock]] = ((t2 - t1 + t3 - t4) // 2, round_trip, t4_mono)
 
     def judge(self, now_ns: int) -> str | None:
         """A reason to leave rotation, or None."""
