@@ -353,14 +353,22 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(res: dict, path: str) -> None:
+def need_matplotlib():
+    """pyplot, or a ConfigError that says how to get it (checked before a run, not after)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SnowfenceError("--plot needs matplotlib: pip install matplotlib") from None
+        from .errors import ConfigError
+
+        raise ConfigError("--plot needs matplotlib: pip install 'snowfence[bench]' (or matplotlib)") from None
+    return plt
+
+
+def plot(res: dict, path: str) -> None:
+    plt = need_matplotlib()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     lat_us = [v / 1000 for v in res["_latencies_ns"]]
     if lat_us:
@@ -382,13 +390,15 @@ def plot(res: dict, path: str) -> None:
 def main(argv_spec: BenchSpec, as_json: bool, plot_path: str | None) -> int:
     import orjson
 
-    res = run(argv_spec, progress=sys.stderr)
-    if plot_path:
-        plot(res, plot_path)
-    res.pop("_latencies_ns", None)
+    # Progress rewrites one line with \r: only for a person watching a terminal.
+    res = run(argv_spec, progress=sys.stderr if sys.stderr.isatty() else None)
+    latencies = res.pop("_latencies_ns", None)
     if as_json:
         print(orjson.dumps(res, option=orjson.OPT_INDENT_2).decode())
     else:
         print(format_table(res))
+    sys.stdout.flush()
+    if plot_path:  # after the results are out: a plot that cannot be saved loses nothing
+        plot({**res, "_latencies_ns": latencies}, plot_path)
     check = res.get("check")
     return 1 if check and not check["unique"] else 0

@@ -5,12 +5,18 @@ snowfence reserve N [--connect EP[,EP...]] [--format text|json|binary|blocks]
 snowfence decode ID... [--json]
 snowfence status [--connect EP[,EP...]] [--json]
 snowfence bench [--connect EP] [--duration S] [--batch N] [--clients C] [--depth D] [--rate R] [--json]
+
+Exit status: 0 done; 1 the service answered with an error, or did not answer;
+73 the state directory is unusable; 78 (EX_CONFIG) the command line, the
+environment or the config file is invalid, including a key file or an endpoint
+that cannot be used. Every error is one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import array
+import math
 import os
 import sys
 import time
@@ -19,12 +25,41 @@ import orjson
 
 from . import __version__
 from . import config as config_mod
-from .errors import ConfigError, SnowfenceError
+from .errors import ConfigError, SnowfenceError, StateDirError
 from .ids import format_unix_ms
+from .protocol import MAX_BLOCK, endpoint_problem
+from .workers.exits import Exit
 
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
 LAYOUT_FIELDS = ("epoch", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
 ETCD_FIELDS = ("etcd", "cluster", "etcd_ca", "etcd_cert", "etcd_key", "etcd_user", "etcd_password", "etcd_timeout_s")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and the configuration-error exit status."""
+
+    def error(self, message: str):
+        self.exit(Exit.CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind, low=None, high=None, *, low_open=False, what="a number"):
+    """An argparse type: ``kind`` (int or float), finite, within [low, high] (or (low, high])."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        if (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+            lo = "" if low is None else f"{'above' if low_open else 'at least'} {low:,}"
+            hi = "" if high is None else f"at most {high:,}"
+            raise argparse.ArgumentTypeError(f"{text!r} must be {' and '.join(x for x in (lo, hi) if x)}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
@@ -38,8 +73,8 @@ def _add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
         if names is not None and name not in names:
             continue
         help_text = f"{f.metadata['help']} (env {config_mod.env_name(name)}"
-        if not f.metadata.get("secret"):
-            default = f.default
+        default = f.default
+        if not f.metadata.get("secret") and default not in ("", ()):
             help_text += f"; default {','.join(default) if isinstance(default, tuple) else default!s}"
         parser.add_argument(
             config_mod.flag_name(name),
@@ -63,7 +98,11 @@ def _connect_arg(parser: argparse.ArgumentParser) -> None:
         help=f"Broker endpoint(s), tried in turn (env SNOWFENCE_CONNECT; default {DEFAULT_CONNECT}).",
     )
     parser.add_argument(
-        "--timeout", type=float, default=5.0, metavar="S", help="Seconds to wait for a reply (default 5)."
+        "--timeout",
+        type=_number(float, 0, 1_000_000, low_open=True, what="a number of seconds"),
+        default=5.0,
+        metavar="S",
+        help="Seconds to wait for a reply (default 5).",
     )
     parser.add_argument(
         "--server-key",
@@ -80,9 +119,7 @@ def _connect_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="snowfence", description="64-bit, time-ordered IDs that are never issued twice."
-    )
+    parser = _Parser(prog="snowfence", description="64-bit, time-ordered IDs that are never issued twice.")
     parser.add_argument("--version", action="version", version=f"snowfence {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -95,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(serve)
 
     reserve = sub.add_parser("reserve", help="Reserve N IDs and print them.")
-    reserve.add_argument("count", type=int, metavar="N")
+    reserve.add_argument("count", type=_number(int, 1, what="a count"), metavar="N")
     _connect_arg(reserve)
     reserve.add_argument(
         "--format",
@@ -107,13 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     reserve.add_argument("--json", dest="format", action="store_const", const="json", help="Same as --format json.")
     reserve.add_argument(
         "--after",
-        type=int,
+        type=_number(int, 0, (1 << 63) - 1, what="an ID"),
         metavar="ID",
         help="A causal token: every ID printed sorts after this one, wherever it came from.",
     )
     reserve.add_argument(
         "--chunk",
-        type=int,
+        type=_number(int, 1, what="a count"),
         default=1_000_000,
         metavar="N",
         help="IDs reserved per round while streaming (default 1,000,000).",
@@ -130,14 +167,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="Load a running deployment and report IDs/s, requests/s and latency.")
     _connect_arg(bench)
-    bench.add_argument("--duration", type=float, default=10.0, metavar="S", help="Seconds measured (default 10).")
-    bench.add_argument("--warmup", type=float, default=1.0, metavar="S", help="Seconds before measuring (default 1).")
-    bench.add_argument("--batch", type=int, default=4096, metavar="N", help="IDs per request (default 4096).")
-    bench.add_argument("--clients", type=int, default=4, metavar="C", help="Client processes (default 4).")
-    bench.add_argument("--depth", type=int, default=16, metavar="D", help="Requests in flight per client (default 16).")
+    seconds = _number(float, 0, 1_000_000, low_open=True, what="a number of seconds")
+    bench.add_argument("--duration", type=seconds, default=10.0, metavar="S", help="Seconds measured (default 10).")
+    bench.add_argument(
+        "--warmup",
+        type=_number(float, 0, 1_000_000, what="a number of seconds"),
+        default=1.0,
+        metavar="S",
+        help="Seconds before measuring (default 1).",
+    )
+    bench.add_argument(
+        "--batch",
+        type=_number(int, 1, MAX_BLOCK, what="a count"),
+        default=4096,
+        metavar="N",
+        help="IDs per request (default 4096).",
+    )
+    bench.add_argument(
+        "--clients",
+        type=_number(int, 1, 256, what="a count"),
+        default=4,
+        metavar="C",
+        help="Client processes (default 4).",
+    )
+    bench.add_argument(
+        "--depth",
+        type=_number(int, 1, 65536, what="a count"),
+        default=16,
+        metavar="D",
+        help="Requests in flight per client (default 16).",
+    )
     bench.add_argument(
         "--rate",
-        type=float,
+        type=_number(float, 0, 1e9, what="a rate"),
         default=0.0,
         metavar="R",
         help="Offered requests/s in total, on a fixed schedule (default: as fast as answered).",
@@ -170,12 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return globals()[f"cmd_{args.command}"](args)
+    except StateDirError as exc:
+        print(f"snowfence: {exc}", file=sys.stderr)
+        return Exit.CANTCREAT
     except ConfigError as exc:
         print(f"snowfence: {exc}", file=sys.stderr)
-        return 2
+        return Exit.CONFIG
     except SnowfenceError as exc:
         print(f"snowfence: {exc.code}: {exc}", file=sys.stderr)
         return 1
@@ -185,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         # The reader of our output went away (e.g. `| head`); that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"snowfence: cannot use{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -196,22 +265,50 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(config)
 
 
+def _endpoints(args: argparse.Namespace) -> list[str]:
+    endpoints = [ep.strip() for ep in args.connect.split(",") if ep.strip()]
+    if not endpoints:
+        raise ConfigError("--connect needs at least one endpoint")
+    for endpoint in endpoints:
+        problem = endpoint_problem(endpoint)
+        if problem:
+            raise ConfigError(f"--connect: {problem}")
+    return endpoints
+
+
+def _curve_keys(args: argparse.Namespace) -> None:
+    """Fail now, with the file's name, on a key the client could not use."""
+    if args.server_key is None:
+        if args.client_key is not None:
+            raise ConfigError("--client-key needs --server-key")
+        return
+    from .clients.security import Curve
+
+    try:
+        Curve.for_client(args.server_key, args.client_key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _client(args: argparse.Namespace):
     from .clients import Client
 
-    endpoints = [ep.strip() for ep in args.connect.split(",") if ep.strip()]
-    return Client(endpoints, timeout_s=args.timeout, server_key=args.server_key, client_key=args.client_key)
+    endpoints = _endpoints(args)
+    _curve_keys(args)
+    try:
+        return Client(endpoints, timeout_s=args.timeout, server_key=args.server_key, client_key=args.client_key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
-    if args.count < 1 or args.chunk < 1:
-        raise ConfigError("N and --chunk must be at least 1")
     out = sys.stdout.buffer
     write = _WRITERS[args.format]
     first = True
+    client = _client(args)  # bad endpoints and keys fail before anything is written
     if args.format == "json":
         out.write(b"[")
-    with _client(args) as client:
+    with client:
         left = args.count
         while left:
             blocks = client.reserve(min(left, args.chunk), after=args.after)
@@ -274,10 +371,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    if not 1 <= args.batch <= 4096 or args.clients < 1 or args.depth < 1 or args.duration <= 0:
-        raise ConfigError("need 1 <= --batch <= 4096, --clients >= 1, --depth >= 1, --duration > 0")
+    endpoints = _endpoints(args)
+    _curve_keys(args)
+    if args.plot:
+        bench.need_matplotlib()  # before the run, not after it
     spec = bench.BenchSpec(
-        endpoints=[ep.strip() for ep in args.connect.split(",") if ep.strip()],
+        endpoints=endpoints,
         duration_s=args.duration,
         warmup_s=args.warmup,
         batch=args.batch,
@@ -295,6 +394,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_keygen(args: argparse.Namespace) -> int:
     import zmq.auth
 
+    if not args.name or args.name.startswith(".") or "/" in args.name or "\0" in args.name:
+        raise ConfigError(f"key name {args.name!r} must be a plain file name (the files go in --dir)")
     os.makedirs(args.dir, exist_ok=True)
     public, secret = zmq.auth.create_certificates(args.dir, args.name)
     os.chmod(secret, 0o600)

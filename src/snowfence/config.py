@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .ids import DEFAULT_EPOCH_MS, Layout, parse_epoch
+from .protocol import endpoint_problem
 
 ENV_PREFIX = "SNOWFENCE_"
 
@@ -177,8 +178,12 @@ class Config:
             object.__setattr__(self, f.name, _coerce(f, getattr(self, f.name)))
         layout = self.layout  # validates widths and epoch
         layout.check_region(self.region)
-        if not self.bind:
-            raise ConfigError("bind must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555")
+        problem = endpoint_problem(self.bind, bind=True)
+        if problem:
+            raise ConfigError(f"bind: {problem}")
+        for peer in self.peers:
+            if endpoint_problem(peer):
+                raise ConfigError(f"peers: {endpoint_problem(peer)}")
         if self.workers < 0 or self.workers > layout.max_worker + 1:
             raise ConfigError(f"workers must be 0..{layout.max_worker + 1}, got {self.workers}")
         if not 1 <= self.ids_per_worker <= layout.max_worker + 1:
@@ -228,7 +233,8 @@ class Config:
             raise ConfigError("curve_allow needs curve_secret_key")
         if self.max_clock_error_ms < 0 or self.forward_jump_ms < 1:
             raise ConfigError("max_clock_error_ms must be >= 0 and forward_jump_ms >= 1")
-        if self.metrics_bind and (":" not in self.metrics_bind or not self.metrics_bind.rsplit(":", 1)[1].isdigit()):
+        port = self.metrics_bind.rpartition(":")[2]
+        if self.metrics_bind and not (port.isascii() and port.isdigit() and int(port) <= 65535):
             raise ConfigError(f"metrics_bind must look like 127.0.0.1:9464, got {self.metrics_bind!r}")
         if not 0 <= self.max_step_back_ms <= 1000:
             raise ConfigError(f"max_step_back_ms must be 0..1000, got {self.max_step_back_ms}")

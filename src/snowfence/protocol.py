@@ -108,6 +108,44 @@ class Reply(NamedTuple):
     times: tuple[int, int] | None = None
 
 
+# -- endpoints ---------------------------------------------------------------------
+
+#: ZeroMQ transports a ROUTER/DEALER pair can speak.
+TRANSPORTS = ("tcp", "ipc", "inproc", "ws", "wss")
+#: sizeof(sockaddr_un.sun_path) - 1: the longest ipc:// path the kernel takes.
+IPC_PATH_MAX = 107
+
+
+def endpoint_problem(endpoint: object, *, bind: bool = False) -> str | None:
+    """What is wrong with a ZeroMQ endpoint as snowfence uses it, or None.
+
+    Checks what libzmq would reject (or worse, accept: it wraps a port above
+    65535) without touching a socket: the transport, a tcp host and port, the
+    length of an ipc path. ``bind`` allows the wildcards a bind takes (``*``).
+    """
+    if not isinstance(endpoint, str) or "://" not in endpoint:
+        return f"{endpoint!r} is not a ZeroMQ endpoint such as tcp://127.0.0.1:5555 or ipc:///run/snowfence.sock"
+    scheme, address = endpoint.split("://", 1)
+    if scheme not in TRANSPORTS:
+        return f"{endpoint!r}: unknown transport {scheme!r} (use {', '.join(TRANSPORTS)})"
+    if not address or not address.isprintable() or any(c.isspace() for c in address):
+        return f"{endpoint!r}: the address after {scheme}:// is empty or has spaces or control characters"
+    if scheme == "ipc" and len(address.encode()) > IPC_PATH_MAX:
+        return f"{endpoint!r}: an ipc path may have at most {IPC_PATH_MAX} bytes"
+    if scheme in ("tcp", "ws", "wss"):
+        hostport = address.split("/", 1)[0] if scheme != "tcp" else address
+        host, sep, port = hostport.rpartition(":")
+        if not sep or not host:
+            return f"{endpoint!r}: a {scheme} endpoint needs host:port"
+        if port == "*" and bind:
+            return None
+        if not (port.isascii() and port.isdigit()) or int(port) > 65535:
+            return f"{endpoint!r}: the port must be a number 0..65535" + (" or *" if bind else "")
+        if host == "*" and not bind:
+            return f"{endpoint!r}: connect to a host, not *"
+    return None
+
+
 # -- client side ------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ All timing here is monotonic.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -90,6 +91,18 @@ class Router:
     ) -> None:
         self.config = config
         self.frontend = ctx.socket(zmq.ROUTER)
+        self.backend = ctx.socket(zmq.ROUTER)
+        #: The socket file of an ipc:// frontend: libzmq leaves it behind, close() removes it.
+        self._ipc_path: str | None = None
+        try:
+            self._setup_sockets(config, backend_endpoint)
+        except BaseException:
+            # An open socket would keep ctx.term() waiting forever: close both first.
+            self.close()
+            raise
+        self._init_state(config, describe_broker, live_pids, metrics)
+
+    def _setup_sockets(self, config: Config, backend_endpoint: str) -> None:
         if config.curve_secret_key:
             try:
                 public, secret = zmq.auth.load_certificate(config.curve_secret_key)
@@ -104,13 +117,20 @@ class Router:
         self.frontend.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.frontend.setsockopt(zmq.SNDHWM, 100_000)
         self.frontend.setsockopt(zmq.RCVHWM, 100_000)
-        self.backend = ctx.socket(zmq.ROUTER)
         self.backend.setsockopt(zmq.LINGER, 0)
         self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.backend.setsockopt(zmq.SNDHWM, 0)
         self.backend.setsockopt(zmq.RCVHWM, 0)
         self.backend.bind(backend_endpoint)
-        self.frontend.bind(config.bind)
+        try:
+            self.frontend.bind(config.bind)
+        except zmq.ZMQError as exc:
+            raise ConfigError(f"cannot bind {config.bind}: {zmq.strerror(exc.errno)}") from None
+        bound = self.endpoint()
+        if bound.startswith("ipc://") and not bound.startswith("ipc://@"):  # @: abstract, no file
+            self._ipc_path = bound.removeprefix("ipc://")
+
+    def _init_state(self, config: Config, describe_broker, live_pids, metrics) -> None:
         self.links: dict[bytes, Link] = {}
         self.rotation: list[Link] = []
         self._rr = 0
@@ -503,3 +523,9 @@ class Router:
     def close(self) -> None:
         self.frontend.close()
         self.backend.close()
+        if self._ipc_path is not None:
+            try:
+                os.unlink(self._ipc_path)
+            except OSError:
+                pass
+            self._ipc_path = None

@@ -115,8 +115,8 @@ class Supervisor:
                 self.router = Router(
                     ctx, self.config, f"ipc://{self.rundir}/backend", self.describe, self.live_pids, self.metrics
                 )
-            except zmq.ZMQError as exc:
-                raise ConfigError(f"cannot bind {self.config.bind}: {exc.strerror}") from None
+            except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
+                raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
             if self.config.metrics_bind:
                 try:
                     self.health = HealthServer(self.config.metrics_bind, self.metrics)
@@ -150,7 +150,7 @@ class Supervisor:
                 log,
                 "serving",
                 f"snowfence serving on {self.router.endpoint()} ({mode}, region "
-                f"{self.config.region}, {len(self.procs)} workers)",
+                f"{self.config.region}, {len(self.procs)} worker{'' if len(self.procs) == 1 else 's'})",
                 bind=self.router.endpoint(),
                 workers=len(self.procs),
                 mode="embedded" if self.config.embedded else "etcd",
@@ -171,7 +171,9 @@ class Supervisor:
                 self.auth.stop()
             if self.router is not None:
                 self.router.close()
-            ctx.term()
+            # Closed sockets keep their own linger; one still open here (a failed
+            # start) must not keep the context, and the process, waiting forever.
+            ctx.destroy(linger=0)
             wake_r.close()
             wake_w.close()
             shutil.rmtree(self.rundir, ignore_errors=True)

@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 
 from .. import protocol
-from ..errors import SnowfenceError, Timeout
+from ..errors import SnowfenceError
 from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
@@ -151,11 +151,13 @@ class AsyncClient(ClientBase):
                         backoff = max(backoff, delay)
                 expired = [(f, p) for f, p in waiting.items() if p.deadline_ns <= time.monotonic_ns()]
                 if expired:
-                    for future, p in expired:
+                    for future, _ in expired:
                         del waiting[future]
-                        if not job.on_lost(
-                            p.count, Timeout(f"no reply from {self.endpoint} within {self.timeout_s} s")
-                        ):
+                    silent = self._never_answered()
+                    if silent is not None:
+                        raise silent
+                    for _, p in expired:
+                        if not job.on_lost(p.count, self._timeout()):
                             raise job.last_error
                     self._requeue_all(job, waiting)
                     self._reset()
@@ -180,14 +182,19 @@ class AsyncClient(ClientBase):
 
     async def status(self) -> dict:
         """The broker's view of itself and its workers."""
+        endpoint = self.endpoint
         for _ in range(self.retries + 1):
             pending, frame = self._core.status(time.monotonic_ns() + self._timeout_ns)
+            endpoint = self.endpoint
             future = await self._ask(pending, frame)
             try:
                 matched = await asyncio.wait_for(future, self.timeout_s)
             except TimeoutError:
                 self._waiters.pop(pending.request_id, None)
                 self._reset()
+                silent = self._never_answered()
+                if silent is not None:
+                    raise silent
                 continue
             if matched is None:
                 continue
@@ -195,7 +202,7 @@ class AsyncClient(ClientBase):
             if reply.error is not None:
                 raise reply.error
             return reply.status
-        raise Timeout(f"no status reply from {self.endpoint} within {self.timeout_s} s")
+        raise self._timeout("status reply", endpoint)
 
     async def ids(
         self, batch: int = protocol.MAX_BLOCK, prefetch: int = 64, max_age_s: float | None = 1.0

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 import zmq
 
 from .. import protocol
-from ..errors import SnowfenceError, Timeout
+from ..errors import SnowfenceError
 from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
@@ -95,6 +95,7 @@ class Client(ClientBase):
             attempts = 0
             while True:
                 pending, frame = self._core.status(time.monotonic_ns() + self._timeout_ns)
+                endpoint = self.endpoint
                 self._socket().send(frame)
                 reply = self._await(pending)
                 if reply is not None:
@@ -102,8 +103,11 @@ class Client(ClientBase):
                         raise reply.error
                     return reply.status
                 attempts += 1
+                silent = self._never_answered()
+                if silent is not None:
+                    raise silent
                 if attempts > self.retries:
-                    raise Timeout(f"no status reply from {self.endpoint} within {self.timeout_s} s")
+                    raise self._timeout("status reply", endpoint)
 
     def close(self) -> None:
         for fetcher in self._prefetchers:
@@ -177,10 +181,11 @@ class Client(ClientBase):
                 expired = [p for p in mine() if p.deadline_ns <= time.monotonic_ns()]
                 if expired:
                     core.abandon(expired)
+                    silent = self._never_answered()
+                    if silent is not None:
+                        raise silent
                     for p in expired:
-                        if not job.on_lost(
-                            p.count, Timeout(f"no reply from {self.endpoint} within {self.timeout_s} s")
-                        ):
+                        if not job.on_lost(p.count, self._timeout()):
                             raise job.last_error
                     self._requeue_and_reset(job, mine())
                 elif backoff:

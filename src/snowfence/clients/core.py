@@ -9,13 +9,14 @@ errors are retried, when a connection must be reset) in one place.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .. import protocol
-from ..errors import BadRequest, SnowfenceError
+from ..errors import BadRequest, SnowfenceError, Timeout
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_RETRIES = 5
@@ -68,6 +69,21 @@ def check_count(n: object) -> int:
     return n
 
 
+def check_after(after: object) -> int | None:
+    """A causal token is an ID: an integer 0 .. 2**63-1 (or None for none)."""
+    if after is None:
+        return None
+    if isinstance(after, bool) or not isinstance(after, int):
+        raise BadRequest(f"after must be an ID (an integer), not {type(after).__name__}")
+    if not 0 <= after < 1 << 63:
+        raise BadRequest(f"after must be an ID, 0 .. 2**63-1, got {after}")
+    return after
+
+
+#: The longest timeout a client takes: ZeroMQ polls in int32 milliseconds.
+MAX_TIMEOUT_S = 1_000_000.0
+
+
 @dataclass
 class Pending:
     """A request on the wire."""
@@ -90,6 +106,8 @@ class Core:
     def __init__(self) -> None:
         self._ids = itertools.count(random.getrandbits(40) + 1)
         self.inflight: dict[int, Pending] = {}
+        #: Whether anything ever came back: a server of some kind is there.
+        self.heard = False
 
     def reserve(
         self, count: int, deadline_ns: int, job: object = None, after: int | None = None
@@ -107,6 +125,7 @@ class Core:
 
     def match(self, body: bytes) -> tuple[Pending, protocol.Reply] | None:
         """The request a reply answers, or None for a stale, unknown or garbled reply."""
+        self.heard = True
         try:
             reply = protocol.decode_reply(body)
         except SnowfenceError:
@@ -148,8 +167,14 @@ class ClientBase:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
             raise ValueError("at least one endpoint is needed")
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
+        for endpoint in self.endpoints:
+            problem = protocol.endpoint_problem(endpoint)
+            if problem:
+                raise ValueError(problem)
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
+            raise ValueError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise ValueError(f"timeout_s must be positive and at most {MAX_TIMEOUT_S:,.0f}, got {timeout_s}")
         if retries < 0 or window < 1:
             raise ValueError("retries must be >= 0 and window >= 1")
         self.timeout_s = timeout_s
@@ -159,6 +184,8 @@ class ClientBase:
         self._core = Core()
         self._endpoint_index = 0
         self.resets = 0
+        #: Timeouts in a row while no endpoint has ever replied.
+        self._silent_timeouts = 0
         if server_key is not None:
             from .security import Curve
 
@@ -170,6 +197,34 @@ class ClientBase:
     @property
     def endpoint(self) -> str:
         return self.endpoints[self._endpoint_index]
+
+    def _timeout(self, what: str = "reply", endpoint: str | None = None) -> Timeout:
+        """The error for a request that went unanswered on ``endpoint`` (the current one)."""
+        text = f"no {what} from {endpoint or self.endpoint} within {self.timeout_s} s"
+        if self.curve is not None:
+            text += (
+                " (CURVE is on: a wrong server key, or a client key not on the broker's allow-list, "
+                "also looks like this)"
+            )
+        return Timeout(text)
+
+    def _never_answered(self) -> Timeout | None:
+        """After a timeout: the error to give up with when no endpoint has ever replied
+        and each has had one timeout; None to retry as usual.
+
+        Retrying a server that never answered only multiplies the wait: it is down,
+        or the address (or the CURVE key) is wrong.
+        """
+        if self._core.heard:
+            return None
+        self._silent_timeouts += 1
+        if self._silent_timeouts < len(self.endpoints):
+            return None
+        where = ", ".join(self.endpoints)
+        text = f"no endpoint ever replied (each tried for {self.timeout_s} s): is snowfence serve running at {where}?"
+        if self.curve is not None:
+            text += " CURVE is on: check the server key, and that this client's key is on the broker's allow-list."
+        return Timeout(text)
 
     def _forget_connection(self, rotate: bool) -> None:
         """The socket is going: nothing on it will be answered; move to the next endpoint."""
@@ -201,6 +256,7 @@ class ReserveJob:
 
     def __post_init__(self) -> None:
         self.unasked = check_count(self.n)
+        self.after = check_after(self.after)
 
     @property
     def granted(self) -> int:

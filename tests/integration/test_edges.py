@@ -1,0 +1,151 @@
+"""What an operator meets at the edges: a port that is taken, no server, bad keys.
+
+Every case runs the real ``snowfence`` command in its own process (group) and
+looks only at what a person would see: the exit status, stderr, and what is
+left on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EX_CONFIG = 78
+
+
+def run_snowfence(*args, env=None, timeout_s: float = 20.0) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``python -m snowfence ARGS`` in its own process group; kill the group if it outlives ``timeout_s``."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snowfence", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"snowfence {' '.join(args)} still running after {timeout_s} s; stderr:\n{err}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # workers it may have left
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - started
+
+
+def tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture
+def taken_port():
+    """A loopback TCP port something else is listening on."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+@pytest.mark.parametrize("kind", ["port in use", "ipc directory missing"])
+def test_serve_that_cannot_bind_exits_78_at_once_and_leaves_nothing(tmp_path, taken_port, kind):
+    work = tmp_path / "work"
+    work.mkdir()
+    bind = f"tcp://127.0.0.1:{taken_port}" if kind == "port in use" else f"ipc://{tmp_path}/no-such-dir/x.sock"
+    env = {"TMPDIR": str(work), "XDG_RUNTIME_DIR": str(work)}
+    before = tree(tmp_path)
+    p, took_s = run_snowfence(
+        "serve", "--bind", bind, "--state-dir", str(tmp_path / "state"), "--workers", "1", env=env, timeout_s=15
+    )
+    assert p.returncode == EX_CONFIG, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    reason = "Address already in use" if kind == "port in use" else "No such file or directory"
+    assert bind in lines[0] and reason in lines[0], lines[0]
+    assert "Traceback" not in p.stderr
+    assert took_s < 10, f"took {took_s:.1f} s to give up"
+    # No run directory, no socket file, no state left behind (an empty state dir is allowed).
+    left = tree(tmp_path) - before - {"state"}
+    assert not left, f"left behind: {sorted(left)}"
+
+
+def test_serve_with_an_unusable_metrics_port_exits_78_and_leaves_nothing(tmp_path, taken_port):
+    work = tmp_path / "work"
+    work.mkdir()
+    p, _ = run_snowfence(
+        "serve",
+        "--bind",
+        f"ipc://{tmp_path}/ok.sock",
+        "--metrics-bind",
+        f"127.0.0.1:{taken_port}",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--workers",
+        "1",
+        env={"TMPDIR": str(work), "XDG_RUNTIME_DIR": str(work)},
+        timeout_s=15,
+    )
+    assert p.returncode == EX_CONFIG and f"127.0.0.1:{taken_port}" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not list(work.iterdir()) and not (tmp_path / "ok.sock").exists()
+
+
+def test_invalid_settings_exit_78_with_one_line(tmp_path):
+    for args in (
+        ("serve", "--bind", "garbage"),
+        ("serve", "--workers", "many"),
+        ("serve", "--config", str(tmp_path / "missing.toml")),
+        ("serve", "--no-such-flag"),
+    ):
+        p, _ = run_snowfence(*args, "--state-dir", str(tmp_path / "state"), timeout_s=15)
+        assert p.returncode == EX_CONFIG, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, (args, p.stderr)
+    p, _ = run_snowfence("serve", env={"SNOWFENCE_REGION": "99", "SNOWFENCE_STATE_DIR": str(tmp_path / "s")})
+    assert p.returncode == EX_CONFIG and "region" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("command", ["reserve", "status"])
+def test_no_server_is_named_after_one_timeout_per_endpoint(tmp_path, command):
+    endpoints = [f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"]
+    args = ["reserve", "3"] if command == "reserve" else ["status"]
+    p, took_s = run_snowfence(*args, "--connect", ",".join(endpoints), "--timeout", "0.5")
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert "is snowfence serve running at" in lines[0] and all(ep in lines[0] for ep in endpoints), lines[0]
+    assert "CURVE" not in lines[0]
+    # One timeout per endpoint (2 x 0.5 s), not the six rounds of retries a reachable server gets.
+    assert took_s < 2 * 0.5 + 2.5, f"took {took_s:.1f} s"
+
+
+def test_no_server_with_curve_keys_mentions_curve(tmp_path):
+    p, _ = run_snowfence("keygen", "server", "--dir", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    p, _ = run_snowfence(
+        "reserve", "1", "--connect", f"ipc://{tmp_path}/none.sock", "--timeout", "0.3",
+        "--server-key", str(tmp_path / "server.key"),
+    )  # fmt: skip
+    assert p.returncode == 1 and "CURVE" in p.stderr and "is snowfence serve running" in p.stderr, p.stderr
+
+
+def test_serve_help_and_the_serving_line_read_right(nodes):
+    p, _ = run_snowfence("serve", "--help")
+    assert p.returncode == 0
+    assert "default )" not in p.stdout and "default ;" not in p.stdout
+    assert "(env SNOWFENCE_ETCD)" in " ".join(p.stdout.split())
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    serving = next(line for line in node.log().splitlines() if "snowfence serving on" in line)
+    assert "1 worker)" in serving and "1 workers" not in serving, serving
