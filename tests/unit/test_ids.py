@@ -153,3 +153,20 @@ def test_shard_bits_must_fit():
         Layout(shard_bits=2)  # 41+3+7+12+2 = 65
     with pytest.raises(ConfigError):
         Layout(time_bits=32, region_bits=3, worker_bits=7, sequence_bits=12, shard_bits=9)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [DEFAULT_LAYOUT, Layout(time_bits=41, region_bits=0, worker_bits=10, sequence_bits=12)],
+)
+def test_check_worker_and_check_region_take_exactly_their_ranges(layout):
+    for worker in (0, layout.max_worker):
+        assert layout.check_worker(worker) == worker
+    for region in (0, layout.max_region):
+        assert layout.check_region(region) == region
+    for bad in (-1, layout.max_worker + 1, True, False, 1.0, "1", None):
+        with pytest.raises(ConfigError, match=f"worker must be 0..{layout.max_worker}"):
+            layout.check_worker(bad)
+    for bad in (-1, layout.max_region + 1, True, False, 0.0, "0", None):
+        with pytest.raises(ConfigError, match=f"region must be 0..{layout.max_region}"):
+            layout.check_region(bad)

@@ -521,3 +521,134 @@ def test_shard_prefixed_ids_and_causal_floors_across_shards():
         lo.floor_after(b)  # nothing shard 0 mints sorts after shard 3
     c, _ = lo.reserve(1, lo.floor_after(a))
     assert c > a
+
+
+# -- causal tokens from any worker ID --------------------------------------------------------
+
+from snowfence.errors import ConfigError  # noqa: E402
+from snowfence.workers.minter import NO_FLOOR  # noqa: E402
+
+SHARDED = Layout(time_bits=39, region_bits=3, worker_bits=7, sequence_bits=12, shard_bits=2)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    policy=st.sampled_from(["wait", "hlc"]),
+    layout=st.sampled_from([LAYOUT, SHARDED]),
+    own=st.tuples(st.integers(0, 7), st.integers(0, 127)),
+    token=st.tuples(st.integers(-3, 3), st.integers(0, 7), st.integers(0, 127), st.integers(0, 4095)),
+    minted_before=st.lists(st.integers(1, 4096), max_size=3),
+    n=st.integers(1, 4096),
+)
+def test_every_id_minted_after_a_causal_token_sorts_after_it(policy, layout, own, token, minted_before, n):
+    """Any token: a lower, the same or a higher region and worker ID, any sequence,
+    this millisecond or a few either side of it."""
+    clock = FakeClock()
+    m = Minter(layout, *own, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep, clock_policy=policy)
+    m.fence_deadline_ns = NEVER_NS
+    m.reserved_until_ms = m.now_ms() + 60_000
+    for k in minted_before:
+        m.reserve(k)
+    d_ms, t_region, t_worker, t_seq = token
+    after = layout.compose(m.now_ms() + d_ms, t_region, t_worker, t_seq)
+    try:
+        floor = m.floor_after(after)
+    except BadRequest:
+        assert layout.decompose(after).shard > layout.shard_of(*own)
+        return
+    first, count = m.reserve(n, floor)
+    assert first > after, "an ID minted after a causal token sorts before it"
+    assert count >= 1
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    layout=st.sampled_from([LAYOUT, SHARDED]),
+    own=st.tuples(st.integers(0, 7), st.integers(0, 127)),
+    token=st.tuples(st.integers(1, (1 << 39) - 2), st.integers(0, 7), st.integers(0, 127), st.integers(0, 4095)),
+)
+def test_the_causal_floor_is_the_earliest_millisecond_whose_ids_all_sort_after_the_token(layout, own, token):
+    m = Minter(layout, *own)
+    region, worker = own
+    after = layout.compose(*token)
+    try:
+        floor = m.floor_after(after)
+    except BadRequest:
+        assert layout.decompose(after).shard > layout.shard_of(region, worker)
+        return
+    if floor == NO_FLOOR:
+        assert layout.compose(0, region, worker, 0) > after  # a higher shard: anything sorts after
+        return
+    assert layout.compose(floor, region, worker, 0) > after
+    assert layout.compose(floor - 1, region, worker, 0) <= after  # not all of the one before
+
+
+@pytest.mark.parametrize(
+    "token_region, token_worker, same_ms",
+    [
+        (REGION, WORKER - 1, True),  # a lower worker ID: this millisecond already sorts after it
+        (REGION - 1, 127, True),  # a lower region, whatever its worker
+        (REGION, WORKER, False),  # this worker ID itself: only the next millisecond is sure
+        (REGION, WORKER + 1, False),  # a higher worker ID
+        (REGION + 1, 0, False),  # a higher region
+    ],
+)
+def test_a_token_of_this_millisecond_is_honoured_whatever_worker_id_minted_it(token_region, token_worker, same_ms):
+    clock = FakeClock()
+    m = make(clock)
+    now = m.now_ms()
+    after = LAYOUT.compose(now, token_region, token_worker, 4095)
+    floor = m.floor_after(after)
+    assert floor == (now if same_ms else now + 1)
+    first, _ = m.reserve(1, floor)
+    assert first > after
+    assert ms_of(first) == floor
+
+
+# -- a minter taking over a mark, and its constructor's checks ------------------------------------
+
+
+def test_start_after_the_millisecond_just_minted_moves_on_to_the_next():
+    clock = FakeClock()
+    m = make(clock)
+    a, _ = m.reserve(10)
+    m.start_after(ms_of(a))  # a mark equal to what this minter used: that millisecond is spent
+    b, _ = m.reserve(1)
+    assert ms_of(b) == ms_of(a) + 1
+
+
+def test_start_after_a_later_mark_on_a_minter_that_minted():
+    clock = FakeClock()
+    m = make(clock)
+    a, _ = m.reserve(10)
+    mark = ms_of(a) + 3
+    m.start_after(mark)
+    assert (m.last_ms, m.seq) == (mark, LAYOUT.max_sequence)
+    clock.advance_ms(3)  # the wall clock is at the mark: still the previous owner's
+    b, _ = m.reserve(1)
+    assert ms_of(b) == mark + 1 and LAYOUT.decompose(b).sequence == 0
+
+
+@pytest.mark.parametrize(
+    "region, worker",
+    [(8, 0), (-1, 0), (0, 128), (0, -1), (True, 0), (0, True), ("1", 0), (0, 1.0), (None, 0)],
+)
+def test_minter_refuses_a_region_or_worker_id_outside_the_layout(region, worker):
+    with pytest.raises(ConfigError):
+        Minter(LAYOUT, region, worker)
+
+
+def test_minter_accepts_the_edges_of_the_layout_and_stamps_them():
+    for region, worker in [(0, 0), (7, 127), (0, 127), (7, 0)]:
+        clock = FakeClock()
+        m = Minter(LAYOUT, region, worker, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+        assert (m.region, m.worker_id) == (region, worker)
+        m.fence_deadline_ns = NEVER_NS
+        m.reserved_until_ms = m.now_ms() + 10
+        d = LAYOUT.decompose(m.reserve(1)[0])
+        assert (d.region, d.worker, d.unix_ms) == (region, worker, clock.wall_ms)
+
+
+def test_unknown_clock_policy_is_refused():
+    with pytest.raises(ValueError, match="clock_policy"):
+        Minter(LAYOUT, REGION, WORKER, clock_policy="guess")

@@ -82,7 +82,7 @@ def test_any_bytes_either_decode_or_raise_bad_request(body):
     except BadRequest as err:
         assert isinstance(err.request_id, int)
     else:
-        assert req.type in (p.RESERVE, p.STATUS)
+        assert req.type in (p.RESERVE, p.STATUS, p.TIME)
         if req.type == p.RESERVE:
             assert 1 <= req.count <= p.MAX_BLOCK
 
@@ -107,3 +107,167 @@ def test_internal_frames_carry_the_client_address_and_request():
     meta, a, rest = p.split_routed(refused)
     assert (meta, a) == (0, addr) and p.split_refused(rest) == (body, err)
     assert p.decode_state(p.encode_state({"ready": True})) == {"ready": True}
+
+
+# -- the hot path's shortcut: only exactly-right frames ---------------------------------------------
+
+
+def reserve_frame(version=1, type_=p.RESERVE, flags=0, rid=9, count=10, tail=b""):
+    return struct.pack("!BBHQI", version, type_, flags, rid, count) + tail
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (reserve_frame(), (9, 10)),
+        (reserve_frame(count=1), (9, 1)),
+        (reserve_frame(count=p.MAX_BLOCK, rid=2**64 - 1), (2**64 - 1, p.MAX_BLOCK)),
+        (reserve_frame(version=0), None),
+        (reserve_frame(version=2), None),
+        (reserve_frame(type_=p.STATUS), None),
+        (reserve_frame(type_=p.TIME), None),
+        (reserve_frame(type_=p.BLOCK), None),
+        (reserve_frame(flags=p.FLAG_AFTER), None),  # AFTER needs the long form
+        (reserve_frame(flags=0x8000), None),
+        (reserve_frame(flags=0x0002), None),
+        (reserve_frame(count=0), None),
+        (reserve_frame(count=p.MAX_BLOCK + 1), None),
+        (reserve_frame()[:-1], None),
+        (reserve_frame(tail=b"\x00"), None),
+        (p.encode_reserve(9, 10, after=5), None),  # well formed, but not plain: decode_request reads it
+        (b"", None),
+    ],
+)
+def test_plain_reserve_accepts_exactly_the_plain_well_formed_reserve(body, expected):
+    assert p.plain_reserve(body) == expected
+
+
+@given(st.binary(min_size=16, max_size=16) | st.binary(max_size=40))
+def test_plain_reserve_agrees_with_the_full_decoder(body):
+    plain = p.plain_reserve(body)
+    try:
+        req = p.decode_request(body)
+    except BadRequest:
+        assert plain is None
+        return
+    if req.type == p.RESERVE and req.after is None:
+        assert plain == (req.request_id, req.count)
+    else:
+        assert plain is None
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(1, p.MAX_BLOCK))
+def test_every_plain_reserve_a_client_sends_takes_the_shortcut(rid, count):
+    assert p.plain_reserve(p.encode_reserve(rid, count)) == (rid, count)
+
+
+# -- sizes and flags of every request type -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("type_", [p.STATUS, p.TIME])
+@pytest.mark.parametrize(
+    "body_of, ok",
+    [
+        (lambda t: struct.pack("!BBHQ", 1, t, 0, 44), True),
+        (lambda t: struct.pack("!BBHQ", 1, t, 0, 44)[:-1], False),  # 11 bytes
+        (lambda t: struct.pack("!BBHQ", 1, t, 0, 44) + b"\x00", False),  # 13 bytes
+        (lambda t: struct.pack("!BBHQI", 1, t, 0, 44, 1), False),  # a count it does not take
+        (lambda t: struct.pack("!BBHQ", 1, t, p.FLAG_AFTER, 44), False),
+    ],
+)
+def test_status_and_time_are_exactly_a_header_without_flags(type_, body_of, ok):
+    body = body_of(type_)
+    if ok:
+        assert p.decode_request(body) == p.Request(type_, 44)
+        return
+    with pytest.raises(BadRequest) as info:
+        p.decode_request(body)
+    assert type(info.value) is BadRequest
+    assert info.value.request_id == (44 if len(body) >= p.HEADER_SIZE else 0)  # 0: too short to carry one
+
+
+def test_encoded_status_and_time_requests_decode():
+    assert p.decode_request(p.encode_status(5)) == p.Request(p.STATUS, 5)
+    assert p.decode_request(p.encode_time(6)) == p.Request(p.TIME, 6)
+    assert p.encode_time(6) == bytes([1, p.TIME, 0, 0]) + (6).to_bytes(8, "big")
+    assert p.encode_status(5) == bytes([1, p.STATUS, 0, 0]) + (5).to_bytes(8, "big")
+
+
+@pytest.mark.parametrize("size", [12, 16, 20, 23, 25, 32])
+def test_reserve_with_after_of_the_wrong_length_is_a_bad_request(size):
+    full = p.encode_reserve(77, 3, after=2**40)
+    body = (full + b"\x00" * 16)[:size]
+    with pytest.raises(BadRequest) as info:  # not struct.error
+        p.decode_request(body)
+    assert type(info.value) is BadRequest and info.value.request_id == 77
+
+
+@pytest.mark.parametrize("count, ok", [(0, False), (1, True), (p.MAX_BLOCK, True), (p.MAX_BLOCK + 1, False)])
+def test_reserve_with_after_checks_its_count(count, ok):
+    body = p.encode_reserve(3, count, after=99)
+    if ok:
+        assert p.decode_request(body) == p.Request(p.RESERVE, 3, count, 99)
+    else:
+        with pytest.raises(BadRequest):
+            p.decode_request(body)
+
+
+def test_requests_up_to_the_size_limit_are_read_and_longer_ones_refused_unread():
+    at_limit = p.encode_reserve(8, 1) + b"\x00" * (p.MAX_REQUEST_BYTES - p.RESERVE_SIZE)
+    with pytest.raises(BadRequest) as info:
+        p.decode_request(at_limit)
+    assert type(info.value) is BadRequest  # read, and refused for its RESERVE size
+    with pytest.raises(FrameTooLarge):
+        p.decode_request(at_limit + b"\x00")
+
+
+# -- replies a client reads ----------------------------------------------------------------------
+
+
+def test_time_reply_round_trip_and_sizes():
+    body = p.encode_time_reply(4, 1_000, 2_000)
+    assert len(body) == 28
+    r = p.decode_reply(body)
+    assert (r.type, r.request_id, r.times) == (p.TIME_REPLY, 4, (1_000, 2_000))
+    for bad in (body[:-1], body + b"\x00"):
+        with pytest.raises(BadRequest):
+            p.decode_reply(bad)
+
+
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        (b"\x01" * 11, BadRequest),
+        (p.HEADER.pack(2, p.BLOCK, 0, 1) + b"\x00" * 12, UnsupportedVersion),
+        (p.encode_block(1, 2, 3)[:-1], BadRequest),
+        (p.encode_block(1, 2, 3) + b"\x00", BadRequest),
+        (p.HEADER.pack(1, p.ERROR, 0, 1) + b"not json", BadRequest),
+        (p.HEADER.pack(1, p.ERROR, 0, 1) + b'{"message": "no code"}', BadRequest),
+        (p.HEADER.pack(1, p.ERROR, 0, 1) + b"[1, 2]", BadRequest),
+        (p.HEADER.pack(1, p.STATUS_REPLY, 0, 1) + b"{", BadRequest),
+        (p.HEADER.pack(1, 0x84, 0, 1), BadRequest),
+        (p.encode_reserve(1, 1), BadRequest),  # a request is not a reply
+    ],
+)
+def test_malformed_replies_raise_typed_errors(body, error):
+    with pytest.raises(error):
+        p.decode_reply(body)
+
+
+def test_unpack_block_reads_only_blocks():
+    assert p.unpack_block(p.encode_block(5, 2**62, 7)) == (5, 2**62, 7)
+    with pytest.raises(ValueError):
+        p.unpack_block(p.HEADER.pack(2, p.BLOCK, 0, 5) + b"\x00" * 12)
+    with pytest.raises(ValueError):
+        p.unpack_block(p.HEADER.pack(1, p.ERROR, 0, 5) + b"\x00" * 12)
+    with pytest.raises(struct.error):
+        p.unpack_block(p.encode_block(5, 1, 1)[:-1])
+
+
+def test_status_and_error_replies_carry_a_plain_header():
+    status = p.encode_status_reply(3, {"a": 1})
+    assert status[:12] == bytes([1, p.STATUS_REPLY, 0, 0]) + (3).to_bytes(8, "big")
+    error = p.encode_error(3, ClockUnsafe("x"))
+    assert error[:12] == bytes([1, p.ERROR, 0, 0]) + (3).to_bytes(8, "big")
+    assert p.encode_block(3, 1, 1)[:4] == bytes([1, p.BLOCK, 0, 0])
+    assert p.encode_time_reply(3, 1, 1)[:4] == bytes([1, p.TIME_REPLY, 0, 0])
