@@ -176,6 +176,7 @@ class Keeper(threading.Thread):
         fence: bool = True,
         mono_ns: Callable[[], int] = time.monotonic_ns,
         on_event: Callable[[str, dict], None] | None = None,
+        wake_event: threading.Event | None = None,
     ) -> None:
         super().__init__(name=f"keeper-{lease.worker_id}", daemon=True)
         self.lease = lease
@@ -189,7 +190,8 @@ class Keeper(threading.Thread):
         self._mono_ns = mono_ns
         self._on_event = on_event or (lambda name, fields: None)
         self._stopping = threading.Event()
-        self._wake = threading.Event()
+        #: What the keeper waits on between renewals; tests pass one that runs on a fake clock.
+        self._wake = threading.Event() if wake_event is None else wake_event
         #: Set once the store said the lease is gone; the worker must re-claim.
         self.lost: SnowfenceError | None = None
         self.last_renewal_ns: int | None = None

@@ -1,0 +1,241 @@
+"""The keeper's loop, driven step by step on a fake clock: renewal intervals,
+back-off after failures, waking early, stopping, and what it reports.
+
+The keeper runs in the test's own thread; its waits advance the fake clock
+instead of taking real time, so every renewal's instant is exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fakeclock import FakeClock
+
+from snowfence.errors import EtcdUnavailable, LeaseLost
+from snowfence.ids import DEFAULT_LAYOUT
+from snowfence.workers.lease import Keeper, Lease
+from snowfence.workers.minter import NEVER_NS, Minter
+
+INTERVAL_S, RETRY_S, FENCE_S = 2.0, 0.25, 5.0
+
+
+class SimulatedWake:
+    """The keeper's wake event on a fake clock.
+
+    ``wait(timeout)`` returns at once if the event is set; otherwise it moves the
+    clock on to the end of the timeout, running on the way whatever the test
+    scheduled with :meth:`at` (a wake from the worker, a stop), and returns early
+    if one of those set the event. A keeper that never stops waiting, or waits
+    forever, fails the test instead of hanging it.
+    """
+
+    def __init__(self, clock: FakeClock, max_waits: int = 100) -> None:
+        self.clock = clock
+        self.start_ns = clock.mono_ns()
+        self.flag = False
+        self.timeouts: list[float | None] = []
+        self.max_waits = max_waits
+        self._timers: list[tuple[int, int, object]] = []
+
+    def at(self, s: float, action) -> None:
+        """Run ``action`` once the clock is ``s`` seconds past the start."""
+        self._timers.append((self.start_ns + int(s * 1e9), len(self._timers), action))
+
+    def now_s(self) -> float:
+        return (self.clock.mono_ns() - self.start_ns) / 1e9
+
+    def set(self) -> None:
+        self.flag = True
+
+    def clear(self) -> None:
+        self.flag = False
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        assert len(self.timeouts) <= self.max_waits, f"the keeper is spinning: {self.timeouts[-5:]}"
+        if self.flag:
+            return True
+        end = None if timeout is None else self.clock.mono_ns() + round(timeout * 1e9)
+        while True:
+            due = [t for t in self._timers if end is None or t[0] <= end]
+            if not due:
+                break
+            timer = min(due)
+            self._timers.remove(timer)
+            self.clock.mono_ns_value = max(self.clock.mono_ns_value, timer[0])
+            timer[2]()
+            if self.flag:
+                return True
+        assert end is not None, "the keeper waits without a timeout and nothing will wake it"
+        self.clock.mono_ns_value = end
+        return False
+
+
+class Lease1(Lease):
+    """A lease whose renewals answer from a script; it records when each was sent."""
+
+    expires = True
+
+    def __init__(self, clock: FakeClock, wake: SimulatedWake, script=()) -> None:
+        super().__init__(region=0, worker_id=1, token=7, mark_ms=0)
+        self.clock = clock
+        self.wake = wake
+        #: One entry per renewal: None succeeds, an exception is raised; then all succeed.
+        self.script = list(script)
+        self.takes_s = 0.0
+        self.sent_at: list[float] = []
+        self.keeper: Keeper | None = None
+        self.renewals_seen: list[int] = []
+
+    def refresh(self) -> None:
+        self.sent_at.append(round(self.wake.now_s(), 6))
+        if self.keeper is not None:
+            self.renewals_seen.append(self.keeper.renewals)
+        self.clock.mono_ns_value += round(self.takes_s * 1e9)
+        outcome = self.script.pop(0) if self.script else None
+        if outcome is not None:
+            raise outcome
+
+    def extend(self, until_ms: int) -> None:
+        self.reserved_until_ms = until_ms
+
+    def release(self, last_used_ms: int) -> None:
+        self.released = True
+
+
+def setup(script=(), **kw):
+    clock = FakeClock()
+    wake = SimulatedWake(clock)
+    lease = Lease1(clock, wake, script)
+    minter = Minter(DEFAULT_LAYOUT, 0, 1, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    events: list[tuple[str, dict]] = []
+    keeper = Keeper(
+        lease,
+        minter,
+        interval_s=INTERVAL_S,
+        fence_after_s=FENCE_S,
+        window_ms=5000,
+        retry_s=RETRY_S,
+        mono_ns=clock.mono_ns,
+        on_event=lambda name, fields: events.append((name, fields)),
+        wake_event=wake,
+        **kw,
+    )
+    lease.keeper = keeper
+    return wake, lease, minter, keeper, events
+
+
+def test_renews_every_interval_and_a_stop_ends_the_wait_at_once():
+    wake, lease, minter, keeper, events = setup()
+    wake.at(7.0, keeper.stop)
+    keeper.run()
+    assert lease.sent_at == [0.0, 2.0, 4.0, 6.0]
+    assert wake.timeouts == [INTERVAL_S] * 4
+    assert wake.now_s() == 7.0  # the stop cut the last wait short
+    assert keeper.renewals == 4 and keeper.failures == 0 and keeper.lost is None
+    assert events == []
+
+
+def test_counts_every_renewal_so_the_worker_can_leave_waiting():
+    wake, lease, minter, keeper, events = setup(script=[EtcdUnavailable("no leader")])
+    wake.at(5.0, keeper.stop)
+    keeper.run()
+    # The first renewal failed; the count moves only with a renewal that succeeded.
+    assert lease.renewals_seen == [0, 0, 1, 2]
+    assert keeper.renewals == 3
+
+
+def test_failures_are_retried_with_doubling_back_off_capped_at_half_the_interval():
+    failures = [EtcdUnavailable(f"no leader {i}") for i in range(5)]
+    wake, lease, minter, keeper, events = setup(script=failures)
+    wake.at(6.5, keeper.stop)
+    keeper.run()
+    assert wake.timeouts == [0.25, 0.5, 1.0, 1.0, 1.0, INTERVAL_S, INTERVAL_S]
+    assert lease.sent_at == [0.0, 0.25, 0.75, 1.75, 2.75, 3.75, 5.75]
+    assert events[:5] == [
+        ("renewal_failed", {"worker_id": 1, "reason": f"no leader {i}", "failures": i + 1}) for i in range(5)
+    ]
+    assert events[5:] == [("renewed", {"worker_id": 1, "after_failures": 5})]
+    assert keeper.failures == 0 and keeper.renewals == 2
+    assert minter.reserved_until_ms > 0
+
+
+def test_back_off_starts_again_from_the_retry_delay_after_a_success():
+    err = EtcdUnavailable("election")
+    wake, lease, minter, keeper, events = setup(script=[err, err, None, err, err])
+    wake.at(4.0, keeper.stop)
+    keeper.run()
+    assert wake.timeouts[:6] == [0.25, 0.5, INTERVAL_S, 0.25, 0.5, INTERVAL_S]
+    assert [e[0] for e in events] == ["renewal_failed"] * 2 + ["renewed"] + ["renewal_failed"] * 2 + ["renewed"]
+    assert events[3][1]["failures"] == 1  # counted afresh
+
+
+def test_a_bug_in_a_renewal_is_logged_and_retried_not_the_end_of_renewals(caplog):
+    bug = RuntimeError("unexpected")
+    wake, lease, minter, keeper, events = setup(script=[bug, bug])
+    wake.at(3.0, keeper.stop)
+    with caplog.at_level("ERROR", logger="snowfence.lease"):
+        keeper.run()
+    assert lease.sent_at == [0.0, 0.25, 0.75, 2.75]
+    assert events[:2] == [
+        ("renewal_failed", {"worker_id": 1, "reason": repr(bug), "failures": 1}),
+        ("renewal_failed", {"worker_id": 1, "reason": repr(bug), "failures": 2}),
+    ]
+    assert events[2] == ("renewed", {"worker_id": 1, "after_failures": 2})
+    assert "lease keeper for worker 1 failed" in caplog.text
+    assert keeper.renewals == 2
+
+
+def test_wake_renews_at_once_and_then_waits_a_full_interval_again():
+    wake, lease, minter, keeper, events = setup()
+    wake.at(0.5, keeper.wake)
+    wake.at(5.0, keeper.stop)
+    keeper.run()
+    assert lease.sent_at == [0.0, 0.5, 2.5, 4.5]
+    assert keeper.renewals == 4
+
+
+def test_a_wake_during_back_off_retries_at_once():
+    wake, lease, minter, keeper, events = setup(script=[EtcdUnavailable("no leader")] * 3)
+    wake.at(0.3, keeper.wake)  # during the second wait (0.25 + 0.5)
+    wake.at(1.0, keeper.stop)
+    keeper.run()
+    assert lease.sent_at[:3] == [0.0, 0.25, 0.3]
+
+
+def test_a_lost_lease_fences_the_minter_ends_the_keeper_and_says_why():
+    lost = LeaseLost("lease 7 expired (TTL 0)")
+    wake, lease, minter, keeper, events = setup(script=[None, lost])
+    keeper.run()  # returns by itself: no stop scheduled
+    assert lease.sent_at == [0.0, 2.0]
+    assert keeper.lost is lost and str(keeper.lost) == "lease 7 expired (TTL 0)"
+    assert minter.fence_deadline_ns == -1
+    assert events == [("lease_lost", {"worker_id": 1, "reason": "lease 7 expired (TTL 0)"})]
+
+
+@pytest.mark.parametrize("takes_s, late", [(1.3, True), (FENCE_S / 4, False), (0.5, False)])
+def test_a_slow_renewal_is_reported_once_it_takes_more_than_a_quarter_of_the_fence(takes_s, late):
+    wake, lease, minter, keeper, events = setup()
+    lease.takes_s = takes_s
+    wake.at(1.0, keeper.stop)
+    keeper.run()
+    assert keeper.renewals == 1
+    assert events == ([("renewed_late", {"worker_id": 1, "latency_s": takes_s})] if late else [])
+
+
+def test_a_renewal_in_the_same_millisecond_does_not_write_the_mark_again():
+    wake, lease, minter, keeper, events = setup()
+    writes = []
+    lease.extend = lambda until_ms: (writes.append(until_ms), setattr(lease, "reserved_until_ms", until_ms))
+    keeper.renew_once()
+    keeper.renew_once()  # the wall clock has not moved
+    assert writes == [minter.now_ms() + 5000]
+
+
+def test_minting_through_a_partition_drops_the_fence_but_not_the_reservation():
+    wake, lease, minter, keeper, events = setup(fence=False)
+    keeper.renew_once()
+    assert minter.fence_deadline_ns == NEVER_NS
+    assert minter.reserved_until_ms == minter.now_ms() + 5000
