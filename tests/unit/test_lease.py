@@ -1,0 +1,151 @@
+"""What every store shares: the order in which a claim tries worker IDs, the
+preference file a restart reads, and the lease handle's defaults."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from snowfence.errors import StateDirError
+from snowfence.workers.lease import Lease, PreferenceFile, Store
+
+
+class MapStore(Store):
+    """Worker IDs with marks in a dict; records every try, in order."""
+
+    def __init__(self, marks: dict[int, int], taken=(), broken=(), skips_far_marks=False) -> None:
+        self.marks = marks
+        self.taken = set(taken)
+        self.broken = set(broken)
+        self.skips_far_marks = skips_far_marks
+        self.tries: list[tuple[int, int | None]] = []
+
+    def candidates(self):
+        return iter(sorted(self.marks))
+
+    def try_claim(self, worker_id, holder, max_mark_ms):
+        self.tries.append((worker_id, max_mark_ms))
+        if worker_id in self.broken:
+            raise StateDirError(f"mark of worker ID {worker_id} is unreadable")
+        if worker_id in self.taken:
+            return None
+        if max_mark_ms is not None and self.marks[worker_id] > max_mark_ms:
+            return None
+        self.taken.add(worker_id)
+        return Lease(0, worker_id, token=1, mark_ms=self.marks[worker_id])
+
+
+def test_claim_tries_the_preferred_worker_id_first():
+    s = MapStore({0: 0, 1: 0, 2: 0, 3: 0})
+    lease = s.claim(preferred=2, holder="h", now_ms=100, max_ahead_ms=10)
+    assert lease.worker_id == 2 and s.tries == [(2, None)]
+
+
+def test_claim_falls_back_in_candidate_order_when_the_preferred_one_is_taken():
+    s = MapStore({0: 0, 1: 0, 2: 0, 3: 0}, taken={2, 0})
+    lease = s.claim(preferred=2, holder="h", now_ms=100, max_ahead_ms=10)
+    assert lease.worker_id == 1 and s.tries == [(2, None), (0, None), (1, None)]
+
+
+def test_a_preference_outside_the_candidates_is_ignored():
+    s = MapStore({0: 0, 1: 0}, taken={0})
+    lease = s.claim(preferred=99, holder="h", now_ms=100, max_ahead_ms=10)
+    assert lease.worker_id == 1 and s.tries == [(0, None), (1, None)]
+
+
+def test_nothing_free_gives_none_after_trying_each_once():
+    s = MapStore({0: 0, 1: 0}, taken={0, 1})
+    assert s.claim(None, "h", 100, 10) is None
+    assert s.tries == [(0, None), (1, None)]
+
+
+def test_an_unreadable_worker_id_is_passed_over_with_a_warning(caplog):
+    s = MapStore({0: 0, 1: 0, 2: 0}, broken={0, 1})
+    with caplog.at_level(logging.WARNING, logger="snowfence.lease"):
+        lease = s.claim(None, "h", 100, 10)
+    assert lease.worker_id == 2
+    assert "passing over worker ID 0: mark of worker ID 0 is unreadable" in caplog.text
+    assert "passing over worker ID 1" in caplog.text
+
+
+def test_a_store_that_skips_far_marks_prefers_passed_then_near_then_any():
+    now, ahead = 1000, 50
+    marks = {0: now + 500, 1: now + 40, 2: now - 5}
+    s = MapStore(dict(marks), skips_far_marks=True)
+    assert s.claim(None, "h", now, ahead).worker_id == 2  # its mark has passed: serve at once
+    assert s.tries == [(0, now), (1, now), (2, now)]
+    s.tries.clear()
+    assert s.claim(None, "h", now, ahead).worker_id == 1  # a plausible wait away
+    assert s.tries == [(0, now), (1, now), (2, now), (0, now + ahead), (1, now + ahead)]
+    s.tries.clear()
+    assert s.claim(None, "h", now, ahead).worker_id == 0  # only then one far ahead
+    assert s.tries[-1] == (0, None)
+
+
+def test_on_one_host_a_far_mark_is_taken_and_waited_for():
+    s = MapStore({0: 10**9}, skips_far_marks=False)
+    assert s.claim(None, "h", 0, 10).worker_id == 0 and s.tries == [(0, None)]
+
+
+def test_preference_file_round_trip_and_bad_contents(tmp_path):
+    pref = PreferenceFile(tmp_path, "ns", "slot-0")
+    assert pref.read() is None  # nothing recorded yet
+    pref.write(17)
+    assert pref.read() == 17
+    assert pref.path == tmp_path / "last-worker-id" / "ns" / "slot-0"
+    assert pref.path.read_text() == "17\n"
+    assert not pref.path.with_suffix(".tmp").exists()
+    pref.write(3)
+    assert pref.read() == 3
+    pref.path.write_text("not a number\n")
+    assert pref.read() is None
+
+
+def test_preference_file_that_cannot_be_written_warns_and_carries_on(tmp_path, caplog):
+    (tmp_path / "last-worker-id").write_text("a file where a directory should be")
+    pref = PreferenceFile(tmp_path, "ns", "slot-0")
+    with caplog.at_level(logging.WARNING, logger="snowfence.lease"):
+        pref.write(5)
+    assert "cannot record last worker ID" in caplog.text
+    assert pref.read() is None
+
+
+def test_lease_handle_defaults():
+    lease = Lease(region=2, worker_id=9, token=4, mark_ms=1234)
+    assert (lease.claimed_mark_ms, lease.reserved_until_ms, lease.released) == (1234, 1234, False)
+    assert lease.describe() == {"worker_id": 9, "token": 4, "reserved_until_ms": 1234}
+    assert lease.remaining_s() is None and not lease.expires
+    lease.refresh()  # a lease that cannot lapse has nothing to renew
+    with pytest.raises(NotImplementedError):
+        lease.extend(2000)
+    with pytest.raises(NotImplementedError):
+        lease.release(1500)
+    with lease as held:
+        assert held is lease
+    assert lease.released  # leaving the block without a release abandons it
+
+
+def test_leaving_a_released_lease_does_not_abandon_it_again():
+    abandoned = []
+
+    class Counted(Lease):
+        def abandon(self):
+            abandoned.append(1)
+            super().abandon()
+
+    with Counted(0, 1, 1, 0) as lease:
+        lease.released = True
+    assert abandoned == []
+    with Counted(0, 1, 1, 0):
+        pass
+    assert abandoned == [1]
+
+
+def test_store_defaults():
+    s = Store()
+    assert s.describe() == {} and not s.skips_far_marks
+    s.close()
+    for call in (lambda: s.check_layout(None), lambda: s.try_claim(0, "h", None), lambda: list(s.candidates())):
+        with pytest.raises(NotImplementedError):
+            call()
