@@ -1,0 +1,211 @@
+"""Every alert rule in deploy/prometheus/alerts.yml, run by ``promtool test rules``:
+for each alert one history that must fire it and one that must not.
+
+The not-firing cases sit just on the safe side of each threshold, where a rule
+that compares the wrong series (or the right ones with the wrong labels) fires.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
+NODE = {"instance": "n1:9464", "job": "snowfence"}
+
+
+def series(name: str, values: str, **labels) -> dict:
+    text = ",".join(f'{k}="{v}"' for k, v in {**labels, **NODE}.items())
+    return {"series": f"{name}{{{text}}}", "values": values}
+
+
+def alert(severity: str, summary: str, **labels) -> dict:
+    return {"exp_labels": {"severity": severity, **labels, **NODE}, "exp_annotations": {"summary": summary}}
+
+
+def case(eval_time: str, input_series: list, expected: list | None = None, interval: str = "1m") -> dict:
+    return {"interval": interval, "eval_time": eval_time, "input_series": input_series, "exp_alerts": expected or []}
+
+
+def requests(ok: str, refused: str, unavailable: str = "0+0x30") -> list:
+    return [
+        series("snowfence_requests_total", ok, result="ok"),
+        series("snowfence_requests_total", refused, result="refused"),
+        series("snowfence_requests_total", unavailable, result="unavailable"),
+        series("snowfence_requests_total", "0+0x30", result="overloaded"),
+    ]
+
+
+#: alert -> (a history that fires it, one that must not).
+CASES = {
+    "SnowfenceNotReady": (
+        case(
+            "2m",
+            [series("snowfence_workers_in_rotation", "0x5")],
+            [alert("page", "No worker of n1:9464 is in rotation")],
+        ),
+        case("2m", [series("snowfence_workers_in_rotation", "1x5")]),
+    ),
+    "SnowfenceFenced": (
+        case(
+            "2m",
+            [series("snowfence_worker_ids", "2x5", state="fenced")],
+            [alert("page", "2 worker IDs on n1:9464 are fenced: etcd renewals failing", state="fenced")],
+        ),
+        case(
+            "2m",
+            [
+                series("snowfence_worker_ids", "0x5", state="fenced"),
+                series("snowfence_worker_ids", "3x5", state="ready"),
+            ],
+        ),
+    ),
+    "SnowfenceClockUnsafe": (
+        case(
+            "2m",
+            [series("snowfence_worker_ids", "1x5", state="clock_unsafe")],
+            [alert("page", "Worker IDs on n1:9464 refuse for their clock", state="clock_unsafe")],
+        ),
+        case("2m", [series("snowfence_worker_ids", "0x5", state="clock_unsafe")]),
+    ),
+    "SnowfenceClockStepBack": (
+        case(
+            "4m",
+            [series("snowfence_clock_step_back_seconds_count", "0 0 1 1 1 1")],
+            [alert("ticket", "The wall clock of n1:9464 stepped back")],
+        ),
+        case("4m", [series("snowfence_clock_step_back_seconds_count", "3x5")]),
+    ),
+    "SnowfenceClockForwardJump": (
+        case(
+            "4m",
+            [series("snowfence_clock_forward_jumps_total", "0 0 0 1 1 1")],
+            [alert("ticket", "The wall clock of n1:9464 jumped forward")],
+        ),
+        case("4m", [series("snowfence_clock_forward_jumps_total", "1x5")]),
+    ),
+    "SnowfenceClockUnsynchronized": (
+        case(
+            "12m",
+            [series("snowfence_clock_synchronized", "0x15")],
+            [alert("ticket", "The kernel reports the clock of n1:9464 unsynchronised")],
+        ),
+        case("12m", [series("snowfence_clock_synchronized", "1x15")]),
+    ),
+    "SnowfenceLeaseRenewalSlow": (
+        case(
+            "2m",
+            [
+                series("snowfence_lease_renewal_age_seconds", "4x5", worker_id="3"),
+                series("snowfence_lease_renewal_age_seconds", "0.5x5", worker_id="4"),
+            ],
+            # Aggregated by instance: one alert per node, not one per worker ID.
+            [
+                {
+                    "exp_labels": {"severity": "ticket", "instance": NODE["instance"]},
+                    "exp_annotations": {"summary": "Lease renewals on n1:9464 are late (4 s; fence at 5 s)"},
+                }
+            ],
+        ),
+        case("2m", [series("snowfence_lease_renewal_age_seconds", "2.5x5", worker_id="3")]),
+    ),
+    "SnowfenceReservationLow": (
+        case(
+            "2m",
+            [series("snowfence_reservation_headroom_seconds", "0.5x5", worker_id="3")],
+            [
+                {
+                    "exp_labels": {"severity": "ticket", "instance": NODE["instance"]},
+                    "exp_annotations": {"summary": "The time high-water mark of n1:9464 is barely ahead of its clock"},
+                }
+            ],
+        ),
+        case("2m", [series("snowfence_reservation_headroom_seconds", "4x5", worker_id="3")]),
+    ),
+    "SnowfenceWorkerRestarts": (
+        case(
+            "20m",
+            [series("snowfence_worker_restarts_total", "0+1x25")],
+            [alert("ticket", "Workers of n1:9464 keep restarting")],
+        ),
+        # Two restarts in a quarter of an hour: not yet a pattern.
+        case("20m", [series("snowfence_worker_restarts_total", "0x10 1 2 2 2 2 2 2 2 2 2 2 2 2 2")]),
+    ),
+    "SnowfenceLeasesLost": (
+        case(
+            "10m",
+            [series("snowfence_leases_lost_total", "0x5 1x10")],
+            [alert("ticket", "n1:9464 lost worker-ID leases")],
+        ),
+        case("10m", [series("snowfence_leases_lost_total", "2x15")]),
+    ),
+    "SnowfenceRefusing": (
+        # 20% refused or unavailable.
+        case(
+            "15m",
+            requests(ok="0+4800x20", refused="0+900x20", unavailable="0+300x20"),
+            [alert("ticket", "More than 5% of requests to n1:9464 are refused")],
+        ),
+        # 1% refused: a rule that matches refusals against 5% of themselves fires here.
+        case("15m", requests(ok="0+5940x20", refused="0+60x20")),
+    ),
+    "SnowfenceOverloaded": (
+        case(
+            "15m",
+            [series("snowfence_requests_total", "0+60x20", result="overloaded")],
+            [alert("ticket", "Clients of n1:9464 exceed the in-flight limit", result="overloaded")],
+        ),
+        case(
+            "15m",
+            [
+                series("snowfence_requests_total", "0x20", result="overloaded"),
+                series("snowfence_requests_total", "0+6000x20", result="ok"),
+            ],
+        ),
+    ),
+}
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("promtool is not installed, and CI must run the alert tests (apt-get install prometheus)")
+        pytest.skip("promtool not installed (Debian: apt-get install --no-install-recommends prometheus)")
+    return path
+
+
+def test_every_alert_rule_has_a_firing_and_a_quiet_case():
+    rules = re.findall(r"^\s*- alert: (\w+)", RULES.read_text(), flags=re.M)
+    assert rules and len(rules) == len(set(rules))
+    assert sorted(CASES) == sorted(rules), "every alert needs cases here, and only alerts that exist"
+    for name, (firing, quiet) in CASES.items():
+        assert firing["exp_alerts"] and not quiet["exp_alerts"], name
+
+
+def test_alert_rules_pass_promtool(tmp_path):
+    tool = promtool()
+    check = subprocess.run([tool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    tests = []
+    for name, pair in CASES.items():
+        for c in pair:
+            tests.append(
+                {
+                    "interval": c["interval"],
+                    "input_series": c["input_series"],
+                    "alert_rule_test": [
+                        {"eval_time": c["eval_time"], "alertname": name, "exp_alerts": c["exp_alerts"]}
+                    ],
+                }
+            )
+    spec = tmp_path / "alerts_test.yml"  # JSON is YAML
+    spec.write_text(json.dumps({"rule_files": [str(RULES)], "evaluation_interval": "15s", "tests": tests}, indent=1))
+    run = subprocess.run([tool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
