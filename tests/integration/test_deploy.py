@@ -18,14 +18,21 @@ def exported(text: str) -> set[str]:
 
 
 def test_alerts_dashboard_and_docs_name_only_exported_metrics(nodes):
-    node = nodes.start(workers=1, args=("--metrics-bind", "127.0.0.1:0"))
+    peer = nodes.start("peer", workers=1)
+    # With a peer, so that the peer clock metrics are exported (and checked against the docs) too.
+    node = nodes.start(workers=1, args=("--metrics-bind", "127.0.0.1:0", "--peers", peer.endpoint))
     node.wait_ready()
     addr = health(node)
-    # The broker snapshots its workers' reports twice a second: wait for one with a ready worker ID.
+    # The broker snapshots its workers' reports twice a second: wait for one with a ready
+    # worker ID and a measured peer.
     code, text = wait_for(
-        lambda: (lambda r: r if 'snowfence_worker_ids{state="ready"} 1.0' in r[1] else None)(get(addr, "/metrics")),
-        5,
-        what="a snapshot with a ready worker",
+        lambda: (
+            lambda r: r
+            if 'snowfence_worker_ids{state="ready"} 1.0' in r[1] and "snowfence_peer_clock_offset_seconds{" in r[1]
+            else None
+        )(get(addr, "/metrics")),
+        10,
+        what="a snapshot with a ready worker and a peer offset",
     )
     assert code == 200
     names = exported(text)
