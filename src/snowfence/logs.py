@@ -65,8 +65,16 @@ class _JsonFormatter(logging.Formatter):
         }
         fields = getattr(record, "fields", None)
         if fields:
+            # A field named like a top-level key (a worker's "pid" in a broker's event)
+            # must not be lost, nor overwrite the record's own: it goes under "fields".
+            clashes = {}
             for key, value in fields.items():
-                doc.setdefault(key, value)
+                if key in doc or key in ("fields", "exception"):
+                    clashes[key] = value
+                else:
+                    doc[key] = value
+            if clashes:
+                doc["fields"] = clashes
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(doc, default=str).decode()

@@ -27,9 +27,11 @@ def test_alerts_dashboard_and_docs_name_only_exported_metrics(nodes):
     # worker ID and a measured peer.
     code, text = wait_for(
         lambda: (
-            lambda r: r
-            if 'snowfence_worker_ids{state="ready"} 1.0' in r[1] and "snowfence_peer_clock_offset_seconds{" in r[1]
-            else None
+            lambda r: (
+                r
+                if 'snowfence_worker_ids{state="ready"} 1.0' in r[1] and "snowfence_peer_clock_offset_seconds{" in r[1]
+                else None
+            )
         )(get(addr, "/metrics")),
         10,
         what="a snapshot with a ready worker and a peer offset",

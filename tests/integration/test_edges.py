@@ -149,3 +149,58 @@ def test_serve_help_and_the_serving_line_read_right(nodes):
     node.wait_ready()
     serving = next(line for line in node.log().splitlines() if "snowfence serving on" in line)
     assert "1 worker)" in serving and "1 workers" not in serving, serving
+
+
+def test_curve_denials_are_logged_once_per_interval_counted_and_named_to_the_client(nodes, tmp_path):
+    import hashlib
+    import re
+
+    import zmq.auth
+    from nodes import wait_for
+    from test_operations import get, health
+    from zmq.utils import z85
+
+    from snowfence import Client
+    from snowfence.errors import Timeout
+
+    for name, where in (("server", "keys"), ("alice", "alice"), ("mallory", "mallory")):
+        assert run_snowfence("keygen", name, "--dir", str(tmp_path / where))[0].returncode == 0
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "alice.key").write_text((tmp_path / "alice" / "alice.key").read_text())
+    server_public = str(tmp_path / "keys" / "server.key")
+    node = nodes.start(
+        workers=1,
+        args=(
+            "--bind", "tcp://127.0.0.1:0", "--metrics-bind", "127.0.0.1:0",
+            "--curve-secret-key", str(tmp_path / "keys" / "server.key_secret"), "--curve-allow", str(allowed),
+        ),
+    )  # fmt: skip
+    m = wait_for(lambda: re.search(r"snowfence serving on (tcp://127\.0\.0\.1:\d+)", node.log()), 20, what="serving")
+    endpoint = m.group(1)
+    addr = health(node)
+    with Client(
+        endpoint, timeout_s=2.0, server_key=server_public, client_key=str(tmp_path / "alice" / "alice.key_secret")
+    ) as alice:  # noqa: E501
+        wait_for(lambda: any(w["state"] == "ready" for w in alice.status()["workers"]), 20)
+    mallory_secret = str(tmp_path / "mallory" / "mallory.key_secret")
+    with pytest.raises(Timeout, match="CURVE"):
+        with Client(endpoint, timeout_s=0.5, server_key=server_public, client_key=mallory_secret) as mallory:
+            mallory.reserve(1)
+    with pytest.raises(Timeout, match="is snowfence serve running") as plain:
+        with Client(endpoint, timeout_s=0.5) as c:  # no CURVE at all
+            c.status()
+    assert "CURVE" not in str(plain.value)  # the client has no keys: nothing to say about them
+
+    def counts():
+        text = get(addr, "/metrics")[1]
+        found = dict(re.findall(r'snowfence_curve_denials_total\{reason="(\w+)"\} ([\d.]+)', text))
+        return found if float(found.get("not_allowed", 0)) >= 1 and float(found.get("handshake", 0)) >= 1 else None
+
+    wait_for(counts, 5, what="both kinds of denial counted")
+    public, _ = zmq.auth.load_certificate(str(tmp_path / "mallory" / "mallory.key"))
+    print_ = "sha256:" + hashlib.sha256(z85.decode(public)).hexdigest()[:16]
+    lines = [line for line in node.log().splitlines() if "event=curve_denied" in line]
+    # Many denials (a denied client keeps reconnecting), one line per 10 s.
+    assert len(lines) == 1, lines
+    assert print_ in lines[0] and "127.0.0.1" in lines[0] and "not in" in lines[0], lines[0]

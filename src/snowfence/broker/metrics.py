@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from ..workers.clock import read_kernel_clock
+from .auth import Denials
 
 log = logging.getLogger("snowfence.broker")
 
@@ -49,6 +50,8 @@ class Metrics:
         self.snapshot_ns = time.monotonic_ns()
         self._next_ns = 0
         self.peers = None
+        #: CURVE denials, counted from the ZAP and monitor threads.
+        self.curve_denials = Denials()
 
     def observe(self, ident: bytes, status: dict) -> None:
         """Add the increments of one worker's counts since its previous report."""
@@ -133,6 +136,12 @@ class Metrics:
         counter("snowfence_leases_lost", "Worker-ID leases lost (expired or taken over).", t["leases_lost"])
         counter("snowfence_claims", "Worker IDs claimed.", t["claims"])
         counter("snowfence_worker_restarts", "Worker processes restarted by the supervisor.", restarts)
+        denied = CounterMetricFamily(
+            "snowfence_curve_denials", "Clients turned away by CURVE, by reason.", labels=["reason"]
+        )
+        for reason in ("not_allowed", "handshake"):
+            denied.add_metric([reason], self.curve_denials.counts[reason])
+        fams.append(denied)
 
         states = Counter()
         latency = GaugeMetricFamily(

@@ -30,6 +30,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..logs import event
 from ..workers.exits import HALT, Exit
+from .auth import Gatekeeper, HandshakeWatch
 from .metrics import HealthServer, Metrics
 from .peers import PeerClocks
 from .router import Router
@@ -77,6 +78,7 @@ class Supervisor:
         self.metrics = Metrics()
         self.health: HealthServer | None = None
         self.auth = None
+        self.handshakes: HandshakeWatch | None = None
         self.peers: PeerClocks | None = None
 
     # -- signals ----------------------------------------------------------------------
@@ -104,19 +106,18 @@ class Supervisor:
         try:
             if self.config.curve_allow:
                 # ZAP handler: only clients whose public keys are in the directory get in.
-                from zmq.auth.thread import ThreadAuthenticator
-
                 if not os.path.isdir(self.config.curve_allow):
                     raise ConfigError(f"curve_allow {self.config.curve_allow} is not a directory")
-                self.auth = ThreadAuthenticator(ctx, log=logging.getLogger("snowfence.auth"))
+                self.auth = Gatekeeper(ctx, self.config.curve_allow, self.metrics.curve_denials)
                 self.auth.start()
-                self.auth.configure_curve(domain="*", location=self.config.curve_allow)
             try:
                 self.router = Router(
                     ctx, self.config, f"ipc://{self.rundir}/backend", self.describe, self.live_pids, self.metrics
                 )
             except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
                 raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
+            if self.config.curve_secret_key:
+                self.handshakes = HandshakeWatch(ctx, self.router.frontend, self.metrics.curve_denials)
             if self.config.metrics_bind:
                 try:
                     self.health = HealthServer(self.config.metrics_bind, self.metrics)
@@ -169,6 +170,8 @@ class Supervisor:
                 self.peers.close()
             if self.auth is not None:
                 self.auth.stop()
+            if self.handshakes is not None:
+                self.handshakes.close()
             if self.router is not None:
                 self.router.close()
             # Closed sockets keep their own linger; one still open here (a failed

@@ -1,0 +1,151 @@
+"""Who may talk to the broker over CURVE, and what it says about those it turns away.
+
+ZeroMQ drops a connection that fails CURVE without a word to either side: the
+client only times out. So the broker watches for two kinds of denial, counts
+them (``snowfence_curve_denials_total``) and logs them, at most one line per
+``DENIAL_LOG_INTERVAL_S`` with the number left out:
+
+- ``not_allowed``: a client whose handshake worked but whose public key is not
+  in the ``curve_allow`` directory. The ZAP handler (:class:`Gatekeeper`) sees
+  its key, logged as a fingerprint, and its address.
+- ``handshake``: a client that does not speak CURVE, or encrypts for another
+  server key. libzmq reports these on a socket monitor (:class:`HandshakeWatch`)
+  before any key or address is known to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
+
+from ..logs import event
+
+log = logging.getLogger("snowfence.auth")
+
+DENIAL_LOG_INTERVAL_S = 10.0
+
+
+def fingerprint(public_key: bytes) -> str:
+    """A short, stable name for a CURVE public key (raw 32 bytes or Z85)."""
+    raw = z85.decode(public_key) if len(public_key) == 40 else public_key
+    return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+class Denials:
+    """Counts denials by reason; lets through one log line per interval (thread-safe)."""
+
+    def __init__(self, interval_s: float = DENIAL_LOG_INTERVAL_S) -> None:
+        self.counts: Counter = Counter()
+        self._interval_ns = int(interval_s * 1e9)
+        self._next_log_ns = 0
+        self._unlogged = 0
+        self._lock = threading.Lock()
+
+    def deny(self, reason: str, message: str, **fields) -> None:
+        now_ns = time.monotonic_ns()
+        with self._lock:
+            self.counts[reason] += 1
+            if now_ns < self._next_log_ns:
+                self._unlogged += 1
+                return
+            self._next_log_ns = now_ns + self._interval_ns
+            unlogged, self._unlogged = self._unlogged, 0
+        if unlogged:
+            message += f" ({unlogged} more denied since the last such line)"
+        event(log, "curve_denied", message, level=logging.WARNING, reason=reason, unlogged=unlogged, **fields)
+
+
+class Gatekeeper(ThreadAuthenticator):
+    """The ZAP handler: CURVE clients whose public keys are in ``allow_dir`` get in."""
+
+    def __init__(self, ctx: zmq.Context, allow_dir: str, denials: Denials) -> None:
+        super().__init__(ctx, log=logging.getLogger("snowfence.auth.zap"))
+        self.allow_dir = allow_dir
+        self.denials = denials
+        self._peer = ""
+
+    def start(self) -> None:
+        super().start()
+        self.configure_curve(domain="*", location=self.allow_dir)
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        # ZAP request frames: version, request id, domain, address, identity, mechanism, credentials.
+        self._peer = msg[3].decode("utf-8", "replace") if len(msg) > 3 else ""
+        await super().handle_zap_message(msg)
+
+    async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
+        allowed, reason = await super()._authenticate_curve(domain, client_key)
+        if not allowed:
+            peer = self._peer or "a local (ipc) client"
+            key = fingerprint(client_key)
+            self.denials.deny(
+                "not_allowed",
+                f"CURVE: turned away {peer}: client key {key} is not in {self.allow_dir}",
+                peer=peer,
+                key_fingerprint=key,
+                client_key=z85.encode(client_key).decode(),
+            )
+        return allowed, reason
+
+
+#: libzmq's ZMTP protocol error codes, as a person would put them.
+_PROTOCOL_ERRORS = {
+    getattr(zmq, "PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH", 0x11000001): "the client does not use CURVE",
+    getattr(zmq, "PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC", 0x11000002): (
+        "the client encrypts for another server key (or sends garbage)"
+    ),
+}
+
+
+class HandshakeWatch:
+    """Watches the client socket for failed handshakes, from a thread of its own."""
+
+    EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+
+    def __init__(self, ctx: zmq.Context, sock: zmq.Socket, denials: Denials) -> None:
+        self._ctx = ctx
+        self._sock = sock
+        self._endpoint = f"inproc://snowfence-handshakes-{id(self)}"
+        self.denials = denials
+        sock.monitor(self._endpoint, self.EVENTS)
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="snowfence-handshakes", daemon=True)
+        self._thread.start()
+        self._ready.wait(5)
+
+    def _run(self) -> None:
+        pair = self._ctx.socket(zmq.PAIR)
+        pair.linger = 0
+        pair.connect(self._endpoint)
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                if not pair.poll(200):
+                    continue
+                msg = parse_monitor_message(pair.recv_multipart())
+                if msg["event"] == zmq.EVENT_MONITOR_STOPPED:
+                    return
+                why = _PROTOCOL_ERRORS.get(msg["value"], f"handshake failed (ZMTP error 0x{msg['value']:x})")
+                where = msg["endpoint"].decode("utf-8", "replace")
+                self.denials.deny("handshake", f"CURVE: a client on {where} was turned away: {why}", endpoint=where)
+        except zmq.ZMQError:
+            return
+        finally:
+            pair.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self._sock.disable_monitor()  # the thread reads MONITOR_STOPPED and ends
+        except zmq.ZMQError:
+            pass
+        self._thread.join(2)
