@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import orjson
@@ -30,6 +28,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..logs import event
 from ..workers.exits import HALT, Exit
+from . import rundir
 from .auth import Gatekeeper, HandshakeWatch
 from .metrics import HealthServer, Metrics
 from .peers import PeerClocks
@@ -98,7 +97,7 @@ class Supervisor:
     # -- lifecycle --------------------------------------------------------------------
 
     def run(self) -> int:
-        self.rundir = tempfile.mkdtemp(prefix="snowfence-")
+        self.rundir = rundir.create(self.config.state_dir)
         ctx = zmq.Context()
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
@@ -179,7 +178,7 @@ class Supervisor:
             ctx.destroy(linger=0)
             wake_r.close()
             wake_w.close()
-            shutil.rmtree(self.rundir, ignore_errors=True)
+            rundir.remove(self.rundir)
         event(log, "stopped", f"snowfence stopped (exit status {self.exit_code})", exit_status=self.exit_code)
         return self.exit_code
 
