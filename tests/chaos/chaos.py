@@ -164,7 +164,7 @@ class World:
                 proc.kill()
                 proc.wait(10)
         for node in getattr(self, "nodes", {}).values():
-            node.kill()
+            node.close()
         for proxies in getattr(self, "proxies", {}).values():
             for p in proxies:
                 p.close()

@@ -5,7 +5,8 @@ bound to an ``ipc://`` endpoint under pytest's temp dir; it is ready when a
 STATUS request shows every worker in rotation. Teardown SIGKILLs the group.
 
 Nothing here imports ``snowfence``: readiness is judged over the wire, per
-``docs/PROTOCOL.md``, with the helpers of ``sfwire``.
+``docs/PROTOCOL.md``, with the helpers of ``sfwire``. Only the cleanup after a
+killed server (its run directory) goes through the harness's ``leftovers``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import leftovers
 import pytest
 import sfwire
 import zmq
@@ -73,8 +75,12 @@ class Server:
         ]
         # Settings from the environment (SNOWFENCE_ETCD, ...) must not change what we test.
         env = {k: v for k, v in os.environ.items() if not k.startswith("SNOWFENCE_")}
+        self.run_dir_bases = leftovers.node_run_dir_bases(self.dir / "state", env)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
+        leftovers.register_process(
+            self.proc.pid, group=True, what=f"server in {self.dir.name}", run_dir_bases=self.run_dir_bases
+        )
         return self
 
     def request_id(self) -> int:
@@ -115,7 +121,8 @@ class Server:
         raise AssertionError(f"server not ready after {timeout_s} s (last: {last!r}); log:\n{self.log_tail()}")
 
     def kill(self) -> None:
-        """SIGKILL the whole process group, reap the broker, and wait for the group to be gone."""
+        """SIGKILL the whole process group, reap the broker, wait for the group to be gone, and
+        remove the run directory the broker left (as the next start would)."""
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -128,6 +135,7 @@ class Server:
             deadline = time.monotonic() + 5
             while _group_alive(self.proc.pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
+            leftovers.remove_stale_run_dirs(self.proc.pid, self.run_dir_bases)
         self.ctx.destroy(linger=0)
 
     def log_tail(self, lines: int = 40) -> str:

@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import leftovers
 import orjson
 
 
@@ -97,8 +98,10 @@ class Member:
                 "--client-cert-auth",
             ]
         log = open(self.log_path, "ab")
+        leftovers.register_dir(self.data_dir, "etcd data directory")
         self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
         log.close()
+        leftovers.register_process(self.proc.pid, group=True, what=f"etcd member {self.name}")
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -233,6 +236,9 @@ class EtcdCluster:
             m.signal(signal.SIGCONT)
 
     def stop(self) -> None:
+        """Kill every member and remove their data directories (the logs stay)."""
         for m in self.members:
             m.signal(signal.SIGCONT)
             m.kill()
+        for m in self.members:
+            shutil.rmtree(m.data_dir, ignore_errors=True)

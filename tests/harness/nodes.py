@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import leftovers
+
 from snowfence import Client
 from snowfence.errors import SnowfenceError
 
@@ -55,6 +57,9 @@ class Node:
         self.log_path = tmp_path / f"{name}.log"
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
+        #: Every broker PID this node has had (it may be started again).
+        self.pids: list[int] = []
+        self.run_dir_bases = leftovers.node_run_dir_bases(self.state_dir, self.env)
 
     def start(self) -> Node:
         cmd = [
@@ -74,6 +79,10 @@ class Node:
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env, start_new_session=True)
         log.close()
         self.pgid = self.proc.pid
+        self.pids.append(self.proc.pid)
+        leftovers.register_process(
+            self.proc.pid, group=True, what=f"node {self.name}", run_dir_bases=self.run_dir_bases
+        )
         return self
 
     @property
@@ -115,6 +124,20 @@ class Node:
                 pass
         if self.proc is not None and self.proc.poll() is None:
             self.proc.wait(10)
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Kill the node, wait for its group to be gone, and remove the run directories its
+        killed brokers left, as its next start would. False if the group outlived ``timeout_s``."""
+        self.kill()
+        deadline = time.monotonic() + timeout_s
+        while self.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gone = not self.group_alive()
+        if not gone:
+            os.killpg(self.pgid, signal.SIGKILL)
+        for pid in self.pids:
+            leftovers.remove_stale_run_dirs(pid, self.run_dir_bases)
+        return gone
 
     def group_alive(self) -> bool:
         if self.pgid is None:
