@@ -246,12 +246,15 @@ class Check:
                     ours[child] = "started by the tests"
                     stack.append(child)
         for e in started:
-            if not e["group"]:
+            if not e["group"] or e["ticks"] is None:
                 continue
+            leader_alive = e["pid"] in roots
+            if not leader_alive and self.subreaper:
+                continue  # its orphans were handed to us: they are descendants already
             for info in procs.values():
-                # Members of a harness-made group; a later process reusing the PID as a group id
-                # started after the leader did.
-                if info["pgid"] == e["pid"] and e["ticks"] is not None and info["ticks"] >= e["ticks"]:
+                # Members of a harness-made group. Once the leader is gone its PID may be
+                # reused, and a group of that id is ours only if it started after ours did.
+                if info["pgid"] == e["pid"] and info["ticks"] >= e["ticks"]:
                     ours.setdefault(info["pid"], f"in the process group of {e['what'] or e['pid']}")
         for pid in list(ours):
             if pid == self.me or procs[pid]["state"] in ("Z", "X"):
@@ -351,6 +354,7 @@ def pytest_sessionstart(session) -> None:
     _check = Check(basetemp)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest removes the temp dirs of a passing run
 def pytest_sessionfinish(session, exitstatus) -> None:
     global _check
     if _check is None:
