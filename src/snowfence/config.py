@@ -9,6 +9,7 @@ Precedence: defaults < TOML file < environment < flags.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -39,7 +40,11 @@ class Config:
 
     # -- serving ------------------------------------------------------------------
     bind: str = setting("tcp://127.0.0.1:5555", "ZeroMQ endpoint the broker binds for clients.", metavar="ENDPOINT")
-    workers: int = setting(0, "Worker processes to run; 0 means one per CPU core.", metavar="N")
+    workers: int = setting(
+        0,
+        "Worker processes to run; 0 means one per CPU this process may use (its affinity mask and cgroup quota).",
+        metavar="N",
+    )
     ids_per_worker: int = setting(
         1,
         "Worker IDs each worker process leases and mints from in turn. More than one trades worker-ID space "
@@ -50,7 +55,15 @@ class Config:
         1024, "Requests one client connection may have in flight; beyond it, 'overloaded'.", metavar="N"
     )
     worker_credits: int = setting(
-        16, "Requests the broker may queue at one worker before it picks another.", metavar="N"
+        32, "Requests the broker may queue at one worker, whatever their size (see worker_queue_ms).", metavar="N"
+    )
+    worker_queue_ms: float = setting(
+        1.0,
+        "Minting time the broker may queue at one worker, per worker ID it holds: at most this many "
+        "milliseconds of IDs (4,096 per ms in the default layout) wait there, so a newcomer's request waits "
+        "about this long behind anyone else's pipeline. Lower: less waiting, less slack to keep the layout's "
+        "ceiling.",
+        metavar="MS",
     )
 
     # -- identity and layout ----------------------------------------------------------
@@ -168,6 +181,17 @@ class Config:
     shutdown_timeout_s: float = setting(
         4.0, "Seconds workers get to drain and release on shutdown before they are killed.", metavar="S"
     )
+    worker_kill_after_s: float = setting(
+        30.0,
+        "A worker silent this long (stopped, hung) is killed (SIGTERM, then SIGKILL) and its slot restarted.",
+        metavar="S",
+    )
+    loop_stall_s: float = setting(
+        5.0,
+        "A worker whose minting loop has not turned for this long gives up its worker IDs from the inside: "
+        "its keep-alive stops renewing, it fences, and a file lock is let go.",
+        metavar="S",
+    )
 
     # -- logs ---------------------------------------------------------------------------
     log_level: str = setting("info", "debug, info, warning or error.", metavar="LEVEL")
@@ -197,6 +221,8 @@ class Config:
             raise ConfigError(f"max_inflight_per_client must be at least 1, got {self.max_inflight_per_client}")
         if not 1 <= self.worker_credits <= 1024:
             raise ConfigError(f"worker_credits must be 1..1024, got {self.worker_credits}")
+        if not 0.1 <= self.worker_queue_ms <= 1000:
+            raise ConfigError(f"worker_queue_ms must be 0.1..1000, got {self.worker_queue_ms}")
         _positive(
             self,
             "etcd_timeout_s",
@@ -206,7 +232,14 @@ class Config:
             "heartbeat_interval_s",
             "heartbeat_timeout_s",
             "shutdown_timeout_s",
+            "worker_kill_after_s",
+            "loop_stall_s",
         )
+        if self.worker_kill_after_s <= self.heartbeat_timeout_s:
+            raise ConfigError(
+                "worker_kill_after_s must exceed heartbeat_timeout_s: a silent worker leaves rotation first, "
+                "and is killed only if it stays silent"
+            )
         if self.lease_ttl_s < 2:
             raise ConfigError(f"lease_ttl_s must be at least 2, got {self.lease_ttl_s}")
         if not self.keepalive_interval_s < self.fence_after_s < self.lease_ttl_s:
@@ -265,7 +298,7 @@ class Config:
 
     @property
     def worker_count(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        return self.workers or usable_cpus()
 
     @property
     def embedded(self) -> bool:
@@ -281,6 +314,65 @@ class Config:
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_self: str = "/proc/self/cgroup") -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (containers)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup_root, proc_self)
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
+    return max(1, cpus)
+
+
+def cgroup_cpu_quota(cgroup_root: str = "/sys/fs/cgroup", proc_self: str = "/proc/self/cgroup") -> float | None:
+    """CPUs' worth of time the cgroup quota allows (``cpu.max`` of v2, ``cfs_quota_us`` of v1); None if unlimited."""
+    root = Path(cgroup_root)
+    try:
+        lines = Path(proc_self).read_text().splitlines()
+    except OSError:
+        lines = []
+    v2_path = v1_path = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2_path = parts[2]
+        elif "cpu" in parts[1].split(","):
+            v1_path = parts[2]
+    candidates = []
+    if v2_path is not None:
+        # The quota of any cgroup on the way up limits us; take the tightest.
+        rel = Path(v2_path.lstrip("/"))
+        for d in [rel, *rel.parents]:
+            candidates.append(("v2", root / d / "cpu.max"))
+    if v1_path is not None:
+        for base in (root / "cpu,cpuacct", root / "cpu"):
+            candidates.append(("v1", base / v1_path.lstrip("/")))
+            candidates.append(("v1", base))
+    best: float | None = None
+    for kind, path in candidates:
+        try:
+            if kind == "v2":
+                quota, period = path.read_text().split()[:2]
+                if quota == "max":
+                    continue
+                cpus = int(quota) / int(period)
+            else:
+                quota_us = int((path / "cpu.cfs_quota_us").read_text())
+                period_us = int((path / "cpu.cfs_period_us").read_text())
+                if quota_us <= 0:
+                    continue
+                cpus = quota_us / period_us
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+        if cpus > 0 and (best is None or cpus < best):
+            best = cpus
+    return best
 
 
 def _positive(cfg: Config, *names: str) -> None:

@@ -16,6 +16,8 @@ class SnowfenceError(Exception):
     retriable = False
     #: The request an error answers, when it was read far enough to know (see protocol).
     request_id: int | None = None
+    #: A server's hint (``overloaded``): milliseconds to wait before asking again.
+    retry_after_ms: int | None = None
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or self.__doc__.strip().splitlines()[0])
@@ -25,7 +27,10 @@ class SnowfenceError(Exception):
         return str(self.args[0])
 
     def to_wire(self) -> dict:
-        return {"code": self.code, "message": self.message, "retriable": self.retriable}
+        wire = {"code": self.code, "message": self.message, "retriable": self.retriable}
+        if self.retry_after_ms is not None:
+            wire["retry_after_ms"] = self.retry_after_ms
+        return wire
 
 
 # -- bad input: asking again unchanged cannot succeed ------------------------------

@@ -194,6 +194,9 @@ def decode_reply(body: bytes) -> Reply:
             err = from_code(str(data["code"]), str(data.get("message", "")), data.get("retriable"))
         except (orjson.JSONDecodeError, KeyError, TypeError):
             raise BadRequest("ERROR reply does not carry a JSON object with a code") from None
+        retry_after = data.get("retry_after_ms")
+        if isinstance(retry_after, int) and not isinstance(retry_after, bool) and 0 <= retry_after <= 60_000:
+            err.retry_after_ms = retry_after
         return Reply(ERROR, request_id, error=err)
     if type_ == STATUS_REPLY:
         try:

@@ -77,14 +77,14 @@ class Metrics:
         self._last.pop(ident, None)
         self._last_hist.pop(ident, None)
 
-    def maybe_snapshot(self, now_ns: int, router, restarts: int) -> None:
+    def maybe_snapshot(self, now_ns: int, router, restarts: int, kills: int = 0) -> None:
         if now_ns < self._next_ns:
             return
         self._next_ns = now_ns + SNAPSHOT_INTERVAL_NS
-        self.families = self.build(router, restarts)
+        self.families = self.build(router, restarts, kills)
         self.snapshot_ns = now_ns
 
-    def build(self, router, restarts: int) -> list:
+    def build(self, router, restarts: int, kills: int = 0) -> list:
         t, rc = self.totals, router.counters
         fams = []
 
@@ -142,6 +142,16 @@ class Metrics:
         for reason in ("not_allowed", "handshake"):
             denied.add_metric([reason], self.curve_denials.counts[reason])
         fams.append(denied)
+        counter("snowfence_worker_kills", "Silent worker processes killed by the supervisor.", kills)
+        counter("snowfence_loop_stalls", "Worker IDs given up because their minting loop stalled.", t["loop_stalls"])
+        gauge_conns = GaugeMetricFamily("snowfence_connections", "Client connections with requests in flight.")
+        gauge_conns.add_metric([], len(router.conns))
+        fams.append(gauge_conns)
+        gauge_wait = GaugeMetricFamily(
+            "snowfence_requests_waiting", "Requests waiting in the broker for a worker with room."
+        )
+        gauge_wait.add_metric([], len(router.fair))
+        fams.append(gauge_wait)
 
         states = Counter()
         latency = GaugeMetricFamily(

@@ -1,12 +1,20 @@
 """The broker's ROUTER loop: clients in front, workers behind.
 
 Requests from the frontend go to a worker in rotation, round robin, as long as
-the worker has credit (at most ``worker_credits`` requests queued at it); when
-every worker is busy the router stops reading the frontend, so back-pressure
-reaches the clients through ZeroMQ's own queues. A worker's reply carries the
-client's address, so the router keeps no per-request table. A refusal (fenced,
-clock unsafe, reservation expired) comes back with the original request, which
-the router sends to another worker before it answers with the error.
+the worker has room. Room is bounded twice: at most ``worker_credits``
+requests, and at most ``worker_queue_ms`` of minting time (IDs) per worker ID
+the worker holds, so a newcomer never waits behind more than about that much
+of someone else's pipeline. When no worker has room, a request waits in its
+connection's queue, and the connections with work waiting take turns by IDs
+(:mod:`snowfence.broker.fair`). Each connection may have at most
+``max_inflight_per_client`` requests accepted and unanswered; beyond that it is
+answered ``overloaded`` with a hint of when to ask again.
+
+A worker answers its WORK frames in the order it got them, so the router keeps
+per worker the (connection, count) of what it sent there, in order, and a
+reply or refusal ends the oldest. A refusal (fenced, clock unsafe, reservation
+expired) comes back with the original request, which the router sends to
+another worker before it answers with the error.
 
 Workers report their state (the STATE frame) every heartbeat and on change; a
 worker not ready, or silent for ``heartbeat_timeout_s``, is out of rotation.
@@ -16,6 +24,7 @@ All timing here is monotonic.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -31,6 +40,7 @@ from ..config import Config
 from ..errors import BadRequest, ClockUnsafe, ConfigError, Overloaded, SnowfenceError, Unavailable
 from ..logs import event
 from ..workers.states import refusal_for
+from .fair import Conn, FairQueue
 from .metrics import Metrics
 
 log = logging.getLogger("snowfence.broker")
@@ -41,6 +51,12 @@ BATCH = 256
 MAX_FRAME_BYTES = 64 * 1024
 #: How many workers may refuse one request before the client gets the refusal.
 MAX_TRIES = 3
+#: Broker and worker time one request takes besides its minting (measured: ~20 us),
+#: for the retry-after hint of ``overloaded``.
+REQUEST_COST_US = 20
+#: Bounds of that hint.
+RETRY_AFTER_MIN_MS = 1
+RETRY_AFTER_MAX_MS = 1000
 
 _META_TRIES = protocol.META_TRIES
 _META_DELIMITED = protocol.META_DELIMITED
@@ -65,18 +81,47 @@ _plain_reserve = protocol.plain_reserve
 class Link:
     """The router's view of one worker process."""
 
-    __slots__ = ("ident", "slot", "pid", "capacity", "outstanding", "ready", "seen_ns", "status", "silent")
+    __slots__ = (
+        "ident",
+        "slot",
+        "pid",
+        "capacity",
+        "id_budget",
+        "ids_per_ms",
+        "sent",
+        "sent_ids",
+        "written_off",
+        "ready",
+        "seen_ns",
+        "status",
+        "silent",
+    )
 
     def __init__(self, ident: bytes, now_ns: int) -> None:
         self.ident = ident
         self.slot = -1
         self.pid = 0
+        #: Requests that may be queued here at once.
         self.capacity = 1
-        self.outstanding = 0
+        #: IDs that may be queued here at once (``worker_queue_ms`` of minting).
+        self.id_budget = 1
+        #: IDs this worker mints per millisecond when busy (its ready worker IDs' sequences).
+        self.ids_per_ms = 0
+        #: (connection, count) of each request sent here and not yet answered, oldest first.
+        self.sent: deque[tuple[bytes, int]] = deque()
+        self.sent_ids = 0
+        #: How many of the oldest in ``sent`` were given up on when the worker fell
+        #: silent (their connections no longer count them); if it speaks again it
+        #: answers them first.
+        self.written_off = 0
         self.ready = False
         self.seen_ns = now_ns
         self.status: dict = {}
         self.silent = False
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.sent)
 
 
 class Router:
@@ -88,6 +133,7 @@ class Router:
         describe_broker: Callable[[], dict] | None = None,
         live_pids: set[int] | None = None,
         metrics: Metrics | None = None,
+        heard: dict[int, int] | None = None,
     ) -> None:
         self.config = config
         self.frontend = ctx.socket(zmq.ROUTER)
@@ -134,8 +180,10 @@ class Router:
         self.links: dict[bytes, Link] = {}
         self.rotation: list[Link] = []
         self._rr = 0
-        #: Requests waiting for a worker with credit: (meta, addr, body).
-        self.pending: deque[tuple[int, bytes, bytes]] = deque()
+        #: Connections with requests accepted and not yet answered.
+        self.conns: dict[bytes, Conn] = {}
+        #: Requests waiting for a worker with room, by connection.
+        self.fair = FairQueue()
         self.accepting = True
         #: Set while the node must not mint at all (its clock disagrees with its peers).
         self.veto: str | None = None
@@ -144,6 +192,10 @@ class Router:
         #: worker sent just before it died can arrive after it was reaped; it must not
         #: bring the dead worker back.
         self.live_pids = live_pids
+        #: When each worker process (pid) was last heard from (monotonic ns), for the supervisor.
+        self.heard = heard if heard is not None else {}
+        self._ids_per_ms_per_worker_id = 1 << config.layout.sequence_bits
+        self._queue_ms = config.worker_queue_ms
         self._heartbeat_ns = int(config.heartbeat_interval_s * 1e9)
         self._timeout_ns = int(config.heartbeat_timeout_s * 1e9)
         self._next_ping_ns = 0
@@ -156,15 +208,8 @@ class Router:
             "bad_request": 0,
             "overloaded": 0,
         }
-        #: Requests in flight per client connection (address): over ``max_inflight``, ``overloaded``.
-        self.inflight: dict[bytes, int] = {}
         self.max_inflight = config.max_inflight_per_client
         self.metrics = metrics
-
-    @property
-    def wants_frontend(self) -> bool:
-        """Read the frontend only while a request could be placed at once."""
-        return not self.pending
 
     def endpoint(self) -> str:
         return self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -200,16 +245,11 @@ class Router:
                 )
                 continue
             counters["requests"] += 1
-            if _plain_reserve(body) is not None:
-                if self.inflight.get(addr, 0) >= self.max_inflight:
-                    self.overloaded(meta, addr, body)
-                    continue
-                if not self.dispatch(meta, addr, body):
-                    return
+            plain = _plain_reserve(body)
+            if plain is not None:
+                self.admit(meta, addr, body, plain[1])
             else:
                 self.slow_request(meta, addr, body)
-                if self.pending:
-                    return
 
     def slow_request(self, meta: int, addr: bytes, body: bytes) -> None:
         try:
@@ -223,64 +263,120 @@ class Router:
         elif request.type == protocol.TIME:
             now = time.time_ns()
             self.to_client(meta, addr, protocol.encode_time_reply(request.request_id, now, time.time_ns()))
-        elif self.inflight.get(addr, 0) >= self.max_inflight:
-            self.overloaded(meta, addr, body)
         else:
-            self.dispatch(meta, addr, body)
+            self.admit(meta, addr, body, request.count)
 
-    def dispatch(self, meta: int, addr: bytes, body: bytes) -> bool:
-        """Send a request to a worker; False if it had to wait in ``pending``."""
+    def admit(self, meta: int, addr: bytes, body: bytes, count: int) -> None:
+        """Take a new RESERVE of ``count`` IDs: to a worker now, or into its connection's queue."""
+        conn = self.conns.get(addr)
+        if conn is None:
+            conn = self.conns[addr] = Conn(addr)
+        elif conn.inflight >= self.max_inflight:
+            self.overloaded(meta, addr, body, conn)
+            return
+        conn.inflight += 1
+        conn.ids += count
+        if not self.fair and self.veto is None and self.accepting:
+            link = self.pick(count)
+            if link is not None and self.send_work(link, meta, addr, body, count):
+                return
+        self.place_or_queue(conn, meta, body, count)
+
+    def place_or_queue(self, conn: Conn, meta: int, body: bytes, count: int, retry: bool = False) -> None:
+        """Queue an accepted request, then let the fair queue place what it can."""
         if not self.accepting:
-            self.unavailable(meta, addr, body, "the server is shutting down")
-            return True
-        if self.veto is not None:
+            self.answer_now(meta, conn.addr, body, count, Unavailable("the server is shutting down"))
+        elif self.veto is not None:
             self.counters["refused"] += 1
-            self.answer_now(meta, addr, body, ClockUnsafe(self.veto))
-            return True
+            self.answer_now(meta, conn.addr, body, count, ClockUnsafe(self.veto))
+        elif not self.rotation:
+            self.counters["unavailable"] += 1
+            self.answer_now(meta, conn.addr, body, count, self.why_none_ready())
+        else:
+            self.fair.push(conn, (meta, body, count), front=retry)
+            self.schedule()
+
+    def schedule(self) -> None:
+        """Place waiting requests at workers with room, connections taking turns by IDs."""
+        if not self.fair:
+            return
+        if not self.rotation or self.veto is not None or not self.accepting:
+            self.refuse_waiting()
+            return
+        self.fair.serve(self._place)
+
+    def _place(self, conn: Conn, meta: int, body: bytes, count: int) -> bool:
         while True:
-            link = self.pick()
+            link = self.pick(count)
             if link is None:
-                if not self.rotation:
-                    self.counters["unavailable"] += 1
-                    self.answer_now(meta, addr, body, self.why_none_ready())
-                    return True
-                self.pending.append((meta, addr, body))
                 return False
-            try:
-                _send(self.backend, link.ident, _SNDMORE)
-                _send(self.backend, _encode_work(meta, addr, body))
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH:
-                    raise
-                self.forget(link.ident, "its socket is gone")
-                continue
-            link.outstanding += 1
-            if not meta & _META_TRIES:  # counted once per request, not per retry
-                self.inflight[addr] = self.inflight.get(addr, 0) + 1
-            return True
+            if self.send_work(link, meta, conn.addr, body, count):
+                return True
 
-    def answer_now(self, meta: int, addr: bytes, body: bytes, err: SnowfenceError) -> None:
-        """Answer a request with an error without a worker. A retry was counted in
-        flight when it was first sent, so its answer ends it."""
+    def refuse_waiting(self) -> None:
+        """No request can be placed now: answer every waiting one, so its client tries elsewhere."""
+        for conn, meta, body, count in self.fair.drain():
+            if not self.accepting:
+                self.counters["unavailable"] += 1
+                err: SnowfenceError = Unavailable("the server is shutting down")
+            elif self.veto is not None:
+                self.counters["refused"] += 1
+                err = ClockUnsafe(self.veto)
+            else:
+                self.counters["unavailable"] += 1
+                err = self.why_none_ready()
+            self.answer_now(meta, conn.addr, body, count, err)
+
+    def send_work(self, link: Link, meta: int, addr: bytes, body: bytes, count: int) -> bool:
+        """Send a request to ``link``; False (and the link forgotten) if its socket is gone."""
+        try:
+            _send(self.backend, link.ident, _SNDMORE)
+            _send(self.backend, _encode_work(meta, addr, body))
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.forget(link.ident, "its socket is gone")
+            return False
+        link.sent.append((addr, count))
+        link.sent_ids += count
+        return True
+
+    def answer_now(self, meta: int, addr: bytes, body: bytes, count: int, err: SnowfenceError) -> None:
+        """Answer an accepted request with an error, without a worker."""
         self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), err))
-        if meta & _META_TRIES:
-            self.done(addr)
+        self.done(addr, count)
 
-    def done(self, addr: bytes) -> None:
-        """A request of ``addr`` got its final answer."""
-        n = self.inflight.get(addr, 0)
-        if n > 1:
-            self.inflight[addr] = n - 1
-        elif n:
-            del self.inflight[addr]
+    def done(self, addr: bytes, count: int) -> None:
+        """A request of ``addr`` for ``count`` IDs got its final answer."""
+        conn = self.conns.get(addr)
+        if conn is None:
+            return
+        conn.inflight -= 1
+        conn.ids -= count
+        if conn.inflight <= 0 and not conn.queue:
+            del self.conns[addr]
 
-    def overloaded(self, meta: int, addr: bytes, body: bytes) -> None:
+    def overloaded(self, meta: int, addr: bytes, body: bytes, conn: Conn) -> None:
         self.counters["overloaded"] += 1
         err = Overloaded(f"more than {self.max_inflight} requests in flight on this connection")
+        err.retry_after_ms = self.retry_after_ms(conn)
         self.to_client(meta, addr, protocol.encode_error(protocol.request_id_of(body), err))
 
-    def pick(self) -> Link | None:
-        """The next worker in rotation with credit, round robin."""
+    def retry_after_ms(self, conn: Conn) -> int:
+        """About when ``conn`` will have room again: the time to serve what it has in
+        flight at its share of the node (the node split between the connections
+        with work in flight), by IDs or by requests, whichever is longer."""
+        ids_per_ms = sum(link.ids_per_ms for link in self.rotation) or self._ids_per_ms_per_worker_id
+        workers = max(1, len(self.rotation))
+        sharers = max(1, len(self.conns))
+        by_ids = conn.ids * sharers / ids_per_ms
+        by_requests = conn.inflight * sharers * REQUEST_COST_US / 1000 / workers
+        return min(RETRY_AFTER_MAX_MS, max(RETRY_AFTER_MIN_MS, math.ceil(max(by_ids, by_requests))))
+
+    def pick(self, count: int) -> Link | None:
+        """The next worker in rotation with room for ``count`` more IDs, round robin.
+
+        A worker with nothing queued always has room, whatever the budget."""
         rotation = self.rotation
         n = len(rotation)
         for _ in range(n):
@@ -288,7 +384,7 @@ class Router:
             if self._rr >= n:
                 self._rr = 0
             link = rotation[self._rr]
-            if link.outstanding < link.capacity:
+            if len(link.sent) < link.capacity and (not link.sent_ids or link.sent_ids + count <= link.id_budget):
                 return link
         return None
 
@@ -299,25 +395,12 @@ class Router:
             (link.status.get("reason") for link in self.links.values()),
         )
 
-    def unavailable(self, meta: int, addr: bytes, body: bytes, why: str) -> None:
-        self.counters["unavailable"] += 1
-        self.answer_now(meta, addr, body, Unavailable(why))
-
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
         front = self.frontend
         _send(front, addr, _SNDMORE)
         if meta & _META_DELIMITED:
             _send(front, b"", _SNDMORE)
         _send(front, reply)
-
-    def flush_pending(self) -> None:
-        pending = self.pending
-        while pending:
-            meta, addr, body = pending.popleft()
-            if not self.dispatch(meta, addr, body):
-                # dispatch() put it back at the end; restore the order and wait.
-                pending.appendleft(pending.pop())
-                return
 
     # -- workers ----------------------------------------------------------------------
 
@@ -340,29 +423,43 @@ class Router:
                 meta, addr, reply = _split_routed(frame)
                 counters["replies"] += 1
                 to_client(meta, addr, reply)
-                self.done(addr)
-                if link is not None and link.outstanding > 0:
-                    link.outstanding -= 1
+                count = self._answered(link)
+                if count:
+                    self.done(addr, count)
             elif kind == _REFUSED:
-                if link is not None and link.outstanding > 0:
-                    link.outstanding -= 1
-                self.on_refused(frame)
+                self.on_refused(frame, self._answered(link))
             elif kind == _STATE:
                 self.on_state(ident, link, frame)
-        if self.pending:
-            self.flush_pending()
+        if self.fair:
+            self.schedule()
 
-    def on_refused(self, frame: bytes) -> None:
+    @staticmethod
+    def _answered(link: Link | None) -> int:
+        """The worker answered its oldest request: free its room. The count that
+        request asked for, or 0 if it was already written off (the worker had
+        fallen silent, or was forgotten)."""
+        if link is None or not link.sent:
+            return 0
+        _, count = link.sent.popleft()
+        link.sent_ids -= count
+        if link.written_off:
+            link.written_off -= 1
+            return 0
+        return count
+
+    def on_refused(self, frame: bytes, count: int) -> None:
         meta, addr, rest = protocol.split_routed(frame)
         request, error_reply = protocol.split_refused(rest)
         tries = (meta & _META_TRIES) + 1
-        if self.accepting and tries < MAX_TRIES and self.rotation:
+        conn = self.conns.get(addr) if count else None
+        if conn is not None and self.accepting and tries < MAX_TRIES and self.rotation:
             self.counters["retried"] += 1
-            self.dispatch((meta & _META_DELIMITED) | tries, addr, request)
+            self.place_or_queue(conn, (meta & _META_DELIMITED) | tries, request, count, retry=True)
         else:
             self.counters["refused"] += 1
             self.to_client(meta, addr, error_reply)
-            self.done(addr)
+            if count:
+                self.done(addr, count)
 
     def on_state(self, ident: bytes, link: Link | None, frame: bytes) -> None:
         try:
@@ -387,11 +484,16 @@ class Router:
             self.metrics.observe(ident, status)
         link.slot = status.get("slot", -1)
         link.pid = status.get("pid", 0)
+        self.heard[link.pid] = now_ns
         link.capacity = max(1, int(status.get("credits", 1)))
+        link.ids_per_ms = max(1, int(status.get("ready_ids", 1))) * self._ids_per_ms_per_worker_id
+        link.id_budget = max(1, int(link.ids_per_ms * self._queue_ms))
         if link.silent:
             link.silent = False
             event(log, "worker_heard", f"worker slot {link.slot} pid {link.pid} is heard from again", slot=link.slot)
         self._set_ready(link, bool(status.get("ready")))
+        if self.fair:
+            self.schedule()
 
     def _set_ready(self, link: Link, ready: bool) -> None:
         ready = ready and not link.silent
@@ -431,12 +533,11 @@ class Router:
         )
 
     def _lose_requests(self, link: Link) -> None:
-        """Whatever ``link`` had queued is lost to its clients' retries."""
-        if link.outstanding:
-            link.outstanding = 0
-            # We do not know whose requests they were: start the per-connection
-            # counts afresh rather than hold lost requests against clients.
-            self.inflight.clear()
+        """Whatever ``link`` had queued is lost to its clients' retries: it no longer
+        counts against their in-flight limits."""
+        for addr, count in list(link.sent)[link.written_off :]:
+            self.done(addr, count)
+        link.written_off = len(link.sent)
 
     def forget_pid(self, pid: int, why: str) -> None:
         for ident, link in list(self.links.items()):
@@ -469,6 +570,8 @@ class Router:
                 self._set_ready(link, False)
                 self._lose_requests(link)
             self.send_worker(ident, protocol.PING_FRAME)
+        if self.fair:
+            self.schedule()
 
     def send_worker(self, ident: bytes, frame: bytes) -> None:
         try:
@@ -482,9 +585,7 @@ class Router:
     def stop_accepting(self) -> None:
         """Answer new and waiting requests with ``unavailable`` from now on."""
         self.accepting = False
-        while self.pending:
-            meta, addr, body = self.pending.popleft()
-            self.unavailable(meta, addr, body, "the server is shutting down")
+        self.refuse_waiting()
 
     def broadcast(self, frame: bytes) -> None:
         for ident in list(self.links):
@@ -514,7 +615,13 @@ class Router:
                 )
         return {
             "version": protocol.VERSION,
-            "broker": {**self._describe_broker(), "counters": self.counters, "workers_in_rotation": len(self.rotation)},
+            "broker": {
+                **self._describe_broker(),
+                "counters": self.counters,
+                "workers_in_rotation": len(self.rotation),
+                "connections": len(self.conns),
+                "waiting": len(self.fair),
+            },
             "layout": self.config.layout.to_dict(),
             "region": self.config.region,
             "workers": workers,

@@ -56,6 +56,10 @@ class Proc:
         self.restarts = 0
         self.restart_at_ns: int | None = 0
         self.last_exit: int | None = None
+        #: Times this slot's worker was killed for silence.
+        self.kills = 0
+        #: Set once a silent worker was sent SIGTERM: when to SIGKILL it.
+        self.kill_at_ns: int | None = None
 
     @property
     def pid(self) -> int | None:
@@ -74,6 +78,9 @@ class Supervisor:
         self.rundir = ""
         self.router: Router | None = None
         self.live_pids: set[int] = set()
+        #: Last word (monotonic ns) from each worker process, kept by the router.
+        self.heard: dict[int, int] = {}
+        self._last_housekeeping_ns = 0
         self.metrics = Metrics()
         self.health: HealthServer | None = None
         self.auth = None
@@ -111,7 +118,13 @@ class Supervisor:
                 self.auth.start()
             try:
                 self.router = Router(
-                    ctx, self.config, f"ipc://{self.rundir}/backend", self.describe, self.live_pids, self.metrics
+                    ctx,
+                    self.config,
+                    f"ipc://{self.rundir}/backend",
+                    self.describe,
+                    self.live_pids,
+                    self.metrics,
+                    self.heard,
                 )
             except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
                 raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
@@ -186,21 +199,15 @@ class Supervisor:
         router = self.router
         poller = zmq.Poller()
         poller.register(router.backend, zmq.POLLIN)
+        poller.register(router.frontend, zmq.POLLIN)
         poller.register(wake, zmq.POLLIN)
         backend, frontend, wake_fd = router.backend, router.frontend, wake.fileno()
         peers = self.peers
         if peers is not None:
             for sock in peers.sockets:
                 poller.register(sock, zmq.POLLIN)
-        front_registered = False
         next_housekeeping_ns = next_reap_ns = 0
         while True:
-            if router.wants_frontend != front_registered:
-                if front_registered:
-                    poller.unregister(frontend)
-                else:
-                    poller.register(frontend, zmq.POLLIN)
-                front_registered = not front_registered
             for sock, _ in poller.poll(LOOP_TICK_MS):
                 if sock is backend:
                     router.on_backend()
@@ -223,6 +230,7 @@ class Supervisor:
             if now_ns < next_housekeeping_ns:
                 continue
             next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
+            self.watch_silence(now_ns)
             router.tick(now_ns)
             if peers is not None:
                 peers.tick(now_ns)
@@ -232,7 +240,9 @@ class Supervisor:
                     else:
                         event(log, "rejoined", "clock agrees with the cluster again")
                     router.veto = peers.veto
-            self.metrics.maybe_snapshot(now_ns, router, sum(p.restarts for p in self.procs))
+            self.metrics.maybe_snapshot(
+                now_ns, router, sum(p.restarts for p in self.procs), sum(p.kills for p in self.procs)
+            )
             if now_ns >= next_reap_ns:
                 next_reap_ns = now_ns + int(self.config.heartbeat_interval_s * 1e9)
                 self.reap()
@@ -259,6 +269,57 @@ class Supervisor:
         self.router.broadcast(protocol.STOP_FRAME)
         self.kill_all(signal.SIGTERM)
         self.kill_at_ns = time.monotonic_ns() + int(self.config.shutdown_timeout_s * 1e9)
+
+    def watch_silence(self, now_ns: int) -> None:
+        """Kill a worker silent for ``worker_kill_after_s`` (stopped, hung): SIGTERM,
+        then SIGKILL after ``shutdown_timeout_s``. Its slot restarts with the usual
+        back-off; its worker IDs free as after any crash."""
+        if self._last_housekeeping_ns and now_ns - self._last_housekeeping_ns > self.config.heartbeat_timeout_s * 1e9:
+            # The broker itself was paused: the silence it slept through is its own.
+            for pid in self.heard:
+                self.heard[pid] = now_ns
+            for proc in self.procs:
+                proc.started_ns = max(proc.started_ns, now_ns - int(self.config.heartbeat_interval_s * 1e9))
+        self._last_housekeeping_ns = now_ns
+        if self.stopping:
+            return
+        limit_ns = int(self.config.worker_kill_after_s * 1e9)
+        for proc in self.procs:
+            popen = proc.popen
+            if popen is None or popen.returncode is not None:
+                continue
+            if proc.kill_at_ns is not None:
+                if now_ns >= proc.kill_at_ns:
+                    self._signal(popen, signal.SIGKILL)
+                    proc.kill_at_ns = None
+                continue
+            heard_ns = max(self.heard.get(popen.pid, 0), proc.started_ns)
+            silent_s = (now_ns - heard_ns) / 1e9
+            if now_ns - heard_ns <= limit_ns:
+                continue
+            proc.kills += 1
+            event(
+                log,
+                "worker_killed",
+                f"worker slot {proc.slot} pid {popen.pid} silent for {silent_s:.1f} s; killing it",
+                level=logging.ERROR,
+                slot=proc.slot,
+                pid=popen.pid,
+                silent_s=round(silent_s, 3),
+                kills=proc.kills,
+            )
+            # SIGCONT lets a stopped worker act on SIGTERM (drain, release); one that
+            # is hung gets SIGKILL when the grace is over.
+            self._signal(popen, signal.SIGTERM)
+            self._signal(popen, signal.SIGCONT)
+            proc.kill_at_ns = now_ns + int(self.config.shutdown_timeout_s * 1e9)
+
+    @staticmethod
+    def _signal(popen: subprocess.Popen, sig: int) -> None:
+        try:
+            popen.send_signal(sig)
+        except ProcessLookupError:
+            pass
 
     def kill_all(self, sig: int) -> None:
         for proc in self.procs:
@@ -296,6 +357,7 @@ class Supervisor:
         self.live_pids.add(popen.pid)
         proc.started_ns = time.monotonic_ns()
         proc.restart_at_ns = None
+        proc.kill_at_ns = None
         if proc.restarts:
             event(
                 log,
@@ -353,6 +415,8 @@ class Supervisor:
     def _forget(self, proc: Proc) -> None:
         if proc.popen is not None:
             self.live_pids.discard(proc.popen.pid)
+            self.heard.pop(proc.popen.pid, None)
+            proc.kill_at_ns = None
             if self.router is not None:
                 self.router.forget_pid(proc.popen.pid, "process exited")
         proc.popen = None
@@ -375,6 +439,7 @@ class Supervisor:
                     "slot": p.slot,
                     "pid": p.pid,
                     "restarts": p.restarts,
+                    "kills": p.kills,
                     "last_exit": p.last_exit,
                     "restart_in_s": None
                     if p.restart_at_ns is None or p.popen is not None

@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 
 from .. import protocol
-from ..errors import SnowfenceError
+from ..errors import Overloaded, SnowfenceError
 from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
@@ -162,7 +162,7 @@ class AsyncClient(ClientBase):
                     self._requeue_all(job, waiting)
                     self._reset()
                 elif backoff:
-                    if len(self.endpoints) > 1:
+                    if len(self.endpoints) > 1 and not isinstance(job.last_error, Overloaded):
                         self._requeue_all(job, waiting)
                         self._reset()
                     await asyncio.sleep(backoff)

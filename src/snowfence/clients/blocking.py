@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 import zmq
 
 from .. import protocol
-from ..errors import SnowfenceError
+from ..errors import Overloaded, SnowfenceError
 from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
@@ -189,7 +189,7 @@ class Client(ClientBase):
                             raise job.last_error
                     self._requeue_and_reset(job, mine())
                 elif backoff:
-                    if len(self.endpoints) > 1:
+                    if len(self.endpoints) > 1 and not isinstance(job.last_error, Overloaded):
                         self._requeue_and_reset(job, mine())
                     time.sleep(backoff)
         except BaseException:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .. import protocol
-from ..errors import BadRequest, SnowfenceError, Timeout
+from ..errors import BadRequest, Overloaded, SnowfenceError, Timeout
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_RETRIES = 5
@@ -297,6 +297,18 @@ class ReserveJob:
         self.last_error = error
         return self.attempts <= self.retries
 
+    def on_overloaded(self, asked: int, error: SnowfenceError) -> bool:
+        """The server holds as many of this connection's requests as it will: keep
+        no more in flight than it has, and ask again for this one later. Counts as a
+        failed attempt only when none of ours is in flight (no progress to wait for)."""
+        self.requeue(asked)
+        self.last_error = error
+        if self.inflight:
+            self.window = max(1, min(self.window, self.inflight))
+            return True
+        self.attempts += 1
+        return self.attempts <= self.retries
+
     def backoff_s(self) -> float:
         """Delay before re-sending after the latest failure: exponential, jittered."""
         base = min(BACKOFF_MIN_S * 2 ** max(self.attempts - 1, 0), BACKOFF_MAX_S)
@@ -317,6 +329,11 @@ def apply_reply(job: ReserveJob, pending: Pending, reply: protocol.Reply) -> flo
         job.on_block(pending.count, Block(reply.first, reply.count))
         return 0.0
     err = reply.error or SnowfenceError(f"unexpected reply type 0x{reply.type:02x} to RESERVE")
+    if isinstance(err, Overloaded):
+        if not job.on_overloaded(pending.count, err):
+            raise err
+        # The server's hint, when it gave one, is when it expects room for us.
+        return err.retry_after_ms / 1000 if err.retry_after_ms else job.backoff_s()
     if not err.retriable or not job.on_lost(pending.count, err):
         raise err
     return job.backoff_s()

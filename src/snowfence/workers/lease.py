@@ -162,6 +162,13 @@ class Keeper(threading.Thread):
     moves the minter's ``reserved_until_ms`` only after the store confirmed the
     write. After a failure
     it retries sooner, with back-off, so a renewal rides over a short etcd election.
+
+    It also watches the worker's minting loop (``loop_ns``: when the loop last
+    turned). A loop stalled for ``stall_s`` must not keep its worker ID alive
+    from this thread: the keeper fences the minter, stops renewing (an etcd
+    lease then lapses) and lets go of a lease only the process can free (a file
+    lock), without touching the mark, which still bounds whatever the stalled
+    loop might yet mint.
     """
 
     def __init__(
@@ -177,6 +184,8 @@ class Keeper(threading.Thread):
         mono_ns: Callable[[], int] = time.monotonic_ns,
         on_event: Callable[[str, dict], None] | None = None,
         wake_event: threading.Event | None = None,
+        loop_ns: Callable[[], int] | None = None,
+        stall_s: float = 0.0,
     ) -> None:
         super().__init__(name=f"keeper-{lease.worker_id}", daemon=True)
         self.lease = lease
@@ -198,6 +207,12 @@ class Keeper(threading.Thread):
         self.last_renewal_latency_s: float | None = None
         self.failures = 0
         self.renewals = 0
+        #: Set when the keeper gave the worker ID up because the minting loop stalled.
+        self.stalled = False
+        self._loop_ns = loop_ns
+        self._stall_ns = int(stall_s * 1e9)
+        #: How much longer than asked the keeper's last wait took (a pause of the whole process).
+        self._overslept_ns = 0
 
     def renew_once(self) -> None:
         """One renewal and, if due, one extension. Raises what the store raised."""
@@ -214,9 +229,35 @@ class Keeper(threading.Thread):
         minter.reserved_until_ms = lease.reserved_until_ms
         self.renewals += 1
 
+    def loop_stalled_s(self) -> float | None:
+        """Seconds the worker's loop has not turned, if past the bound; else None.
+
+        A keeper that itself woke far later than it meant to was paused with the
+        whole process (SIGSTOP, a VM freeze): the loop gets a turn before it is judged.
+        """
+        if self._loop_ns is None or not self._stall_ns:
+            return None
+        if self._overslept_ns > self._stall_ns // 2:
+            return None
+        idle_ns = self._mono_ns() - self._loop_ns()
+        return idle_ns / 1e9 if idle_ns > self._stall_ns else None
+
+    def give_up(self, why: str) -> None:
+        """Stop holding the worker ID from this thread: fence, and free what only we can free."""
+        self.minter.fence_deadline_ns = -1
+        self.stalled = True
+        self.lost = LeaseLost(why)
+        if not self.lease.expires:
+            self.lease.abandon()
+        self._on_event("loop_stalled", {"worker_id": self.lease.worker_id, "reason": why})
+
     def run(self) -> None:
         backoff = self.retry_s
         while not self._stopping.is_set():
+            stalled_s = self.loop_stalled_s()
+            if stalled_s is not None:
+                self.give_up(f"the minting loop has not turned for {stalled_s:.1f} s")
+                return
             try:
                 self.renew_once()
             except LeaseLost as exc:
@@ -255,8 +296,10 @@ class Keeper(threading.Thread):
             self._sleep(self.interval_s)
 
     def _sleep(self, seconds: float) -> None:
+        start = self._mono_ns()
         self._wake.wait(seconds)
         self._wake.clear()
+        self._overslept_ns = self._mono_ns() - start - int(seconds * 1e9)
 
     def wake(self) -> None:
         """Renew and extend now rather than at the next interval."""

@@ -77,6 +77,8 @@ _encode_block = protocol.encode_block
 #: Upper bounds (ms) of the step-back histogram's buckets.
 STEP_BACK_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 1000, 10000)
 CLAIM_BACKOFF_MIN_S = 0.25
+#: Set to 1 (tests only) to arm the fault hooks: SIGUSR1 hangs the minting loop.
+FAULT_HOOKS_ENV = "SNOWFENCE_FAULT_HOOKS"
 CLAIM_BACKOFF_MAX_S = 10.0
 
 
@@ -187,6 +189,10 @@ class Worker:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: self._signals.append(signum))
+        if os.environ.get(FAULT_HOOKS_ENV) == "1":
+            # Fault hook for tests: SIGUSR1 makes the minting loop hang for good
+            # while the keep-alive threads run on (see docs/RELIABILITY.md).
+            signal.signal(signal.SIGUSR1, lambda signum, frame: self._signals.append(signum))
         self.sock.connect(self.backend)
         try:
             self.store = open_store(self.config)
@@ -349,6 +355,8 @@ class Worker:
             self._heard = False
             self._broker_seen_ns = now_ns
         if self._signals:
+            if signal.SIGUSR1 in self._signals:
+                self._hang()
             self._signals.clear()
             if not self.stopping:
                 event(log, "stopping", "signal received; draining")
@@ -375,10 +383,17 @@ class Worker:
         if self._state_dirty or now_ns >= self._next_heartbeat_ns:
             self._send_state()
 
+    def _hang(self) -> None:
+        event(log, "fault_hang", "fault hook: the minting loop hangs now", level=logging.WARNING)
+        while True:
+            time.sleep(3600)
+
     def _advance(self, held: Held, now_ns: int) -> None:
         """Move a held worker ID to the state its lease, clock and mark call for."""
         minter = held.minter
         if held.keeper.lost is not None:
+            if held.keeper.stalled:
+                self.counters["loop_stalls"] += 1
             self._drop(held, f"lease lost: {held.keeper.lost}")
             return
         now_ms = minter.now_ms()
@@ -457,6 +472,7 @@ class Worker:
             "pid": self.pid,
             "state": state,
             "ready": bool(self.ready) and not self.stopping,
+            "ready_ids": len(self.ready),
             "credits": self.config.worker_credits,
             "reason": self.reason,
             "held": [h.describe(now_ns) for h in self.held],
@@ -517,6 +533,8 @@ class Worker:
             window_ms=window_ms,
             fence=not self.config.partition_minting,
             on_event=lambda name, fields: event(log, name, level=logging.WARNING, **fields),
+            loop_ns=lambda: self._last_tick_ns,
+            stall_s=self.config.loop_stall_s,
         )
         held = Held(lease, keeper, minter)
         self.held.append(held)
