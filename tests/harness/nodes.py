@@ -46,8 +46,11 @@ class Node:
         state_dir: Path | None = None,
         args: tuple = (),
         env: dict | None = None,
+        prefix: tuple = (),
     ) -> None:
         self.name = name
+        #: A command the node runs under (e.g. ``("taskset", "-c", "0")``).
+        self.prefix = list(prefix)
         self.dir = tmp_path
         self.endpoint = f"ipc://{tmp_path}/{name}.sock"
         self.state_dir = state_dir or tmp_path / f"{name}-state"
@@ -63,6 +66,7 @@ class Node:
 
     def start(self) -> Node:
         cmd = [
+            *self.prefix,
             sys.executable,
             "-m",
             "snowfence",

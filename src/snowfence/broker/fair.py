@@ -9,6 +9,10 @@ thousand blocks queued and a pipeline asking for one ID then alternate, one
 block's worth each, instead of the pipeline waiting behind the whole backlog;
 two greedy connections get equal shares of IDs whatever their request sizes.
 
+A connection that had nothing waiting is served before those that have used a
+turn, so a client asking now and then does not wait for a turn another has
+already begun.
+
 A request costs at least ``MIN_COST_IDS``: a request carries work of its own
 (two hops, a minter call) besides its IDs, so a stream of single-ID requests
 cannot take 4,096 turns for each block another connection gets.
@@ -31,7 +35,7 @@ MIN_COST_IDS = 64
 class Conn:
     """One client connection's share: what it has in flight and what waits."""
 
-    __slots__ = ("addr", "inflight", "ids", "queue", "deficit")
+    __slots__ = ("addr", "inflight", "ids", "queue", "deficit", "turn")
 
     def __init__(self, addr: bytes) -> None:
         self.addr = addr
@@ -41,7 +45,10 @@ class Conn:
         self.ids = 0
         #: Requests waiting for a worker: (meta, body, count).
         self.queue: deque[tuple[int, bytes, int]] = deque()
+        #: IDs it may still send in its turn (deficit round robin).
         self.deficit = 0
+        #: Whether its turn has begun (it was given its quantum).
+        self.turn = False
 
 
 def cost(count: int) -> int:
@@ -49,26 +56,32 @@ def cost(count: int) -> int:
 
 
 class FairQueue:
-    """Connections with requests waiting, served in turns of ``QUANTUM`` IDs."""
+    """Connections with requests waiting, served in turns of ``QUANTUM`` IDs.
+
+    As in FQ-CoDel, a connection that had nothing waiting goes on a list of new
+    connections, served before the others: a client that asks now and then (a
+    pipeline wanting one block) is next in line, not behind the turn a greedy
+    connection has already begun. Once it has used a turn it joins the others.
+    """
 
     def __init__(self, quantum: int = QUANTUM) -> None:
         self.quantum = quantum
-        #: Connections with requests waiting; the first one is having its turn.
-        self.active: deque[Conn] = deque()
-        #: Whether the first connection's turn has begun (it has been given its quantum).
-        self._turn = False
+        #: Connections that had nothing waiting when their request came.
+        self.new: deque[Conn] = deque()
+        #: Connections that have used a turn and still have requests waiting.
+        self.old: deque[Conn] = deque()
 
     def __bool__(self) -> bool:
-        return bool(self.active)
+        return bool(self.new or self.old)
 
     def __len__(self) -> int:
         """Requests waiting, over all connections."""
-        return sum(len(c.queue) for c in self.active)
+        return sum(len(c.queue) for c in self.new) + sum(len(c.queue) for c in self.old)
 
     def push(self, conn: Conn, item: tuple[int, bytes, int], front: bool = False) -> None:
         """Queue a request; ``front`` for one that was already its connection's turn (a retry)."""
         if not conn.queue:
-            self.active.append(conn)
+            self.new.append(conn)
         if front:
             conn.queue.appendleft(item)
         else:
@@ -77,18 +90,20 @@ class FairQueue:
     def serve(self, place: Callable[[Conn, int, bytes, int], bool]) -> None:
         """Hand waiting requests to ``place(conn, meta, body, count)`` in fair order
         until it returns False (no worker has room for that request)."""
-        active = self.active
-        while active:
-            conn = active[0]
-            if not self._turn:
+        new, old = self.new, self.old
+        while new or old:
+            line = new if new else old
+            conn = line[0]
+            if not conn.turn:
                 conn.deficit += self.quantum
-                self._turn = True
+                conn.turn = True
             meta, body, count = conn.queue[0]
             c = count if count > MIN_COST_IDS else MIN_COST_IDS
             if conn.deficit < c:
                 # Its turn is used up; what is left of its credit carries over.
-                active.rotate(-1)
-                self._turn = False
+                line.popleft()
+                conn.turn = False
+                old.append(conn)
                 continue
             if not place(conn, meta, body, count):
                 return
@@ -96,17 +111,18 @@ class FairQueue:
             conn.deficit -= c
             if not conn.queue:
                 conn.deficit = 0  # an idle connection saves up no credit
-                active.popleft()
-                self._turn = False
+                conn.turn = False
+                line.popleft()
 
     def drain(self) -> list[tuple[Conn, int, bytes, int]]:
         """Take every waiting request out, in queue order per connection."""
         out = []
-        for conn in self.active:
+        for conn in (*self.new, *self.old):
             while conn.queue:
                 meta, body, count = conn.queue.popleft()
                 out.append((conn, meta, body, count))
             conn.deficit = 0
-        self.active.clear()
-        self._turn = False
+            conn.turn = False
+        self.new.clear()
+        self.old.clear()
         return out
