@@ -141,7 +141,13 @@ def role_stream(endpoint: str, duration_s: float) -> dict:
     return {"ids": n}
 
 
-ROLES = {"greedy": role_greedy, "silent": role_silent, "probe": role_probe, "loader": role_loader, "stream": role_stream}
+ROLES = {
+    "greedy": role_greedy,
+    "silent": role_silent,
+    "probe": role_probe,
+    "loader": role_loader,
+    "stream": role_stream,
+}
 
 
 def summary(latencies_us: list[float]) -> dict:

@@ -146,7 +146,7 @@ class Router:
             # An open socket would keep ctx.term() waiting forever: close both first.
             self.close()
             raise
-        self._init_state(config, describe_broker, live_pids, metrics)
+        self._init_state(config, describe_broker, live_pids, metrics, heard)
 
     def _setup_sockets(self, config: Config, backend_endpoint: str) -> None:
         if config.curve_secret_key:
@@ -176,7 +176,7 @@ class Router:
         if bound.startswith("ipc://") and not bound.startswith("ipc://@"):  # @: abstract, no file
             self._ipc_path = bound.removeprefix("ipc://")
 
-    def _init_state(self, config: Config, describe_broker, live_pids, metrics) -> None:
+    def _init_state(self, config: Config, describe_broker, live_pids, metrics, heard) -> None:
         self.links: dict[bytes, Link] = {}
         self.rotation: list[Link] = []
         self._rr = 0
