@@ -418,6 +418,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{broker.get('mode')} mode, region {status.get('region')}, "
         f"{broker.get('workers_in_rotation')} of {len(broker.get('slots', []))} workers in rotation"
     )
+    slots = broker.get("slots", [])
+    print(
+        f"{sum(s.get('restarts') or 0 for s in slots)} worker restarts, "
+        f"{sum(s.get('kills') or 0 for s in slots)} killed for silence; "
+        f"{broker.get('connections', 0)} client connections, {broker.get('waiting', 0)} requests waiting"
+    )
     print(
         f"{'slot':>4} {'pid':>7} {'worker_id':>9} {'state':<13} {'rotation':<8} {'fence_in_s':>10} "
         f"{'lease_s':>7} {'reserved_until':<24} reason"

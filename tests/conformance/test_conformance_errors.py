@@ -263,3 +263,26 @@ def test_error_json_is_an_object_with_exactly_typed_fields(server, sockets):
     err = json.loads(reply.payload.decode("utf-8"))
     assert isinstance(err, dict)
     assert type(err["code"]) is str and type(err["message"]) is str and type(err["retriable"]) is bool
+
+
+def test_overloaded_carries_a_retry_after_hint_in_milliseconds(server, sockets):
+    # More RESERVEs at once than a connection may have in flight (1,024 by default):
+    # the server accepts up to its limit and answers the rest `overloaded`.
+    sock = sockets(timeout_ms=10_000)
+    total = 1400
+    for rid in range(1, total + 1):
+        sock.send(sfwire.reserve(rid, 4096))
+    codes, hints, blocks = {}, [], 0
+    for _ in range(total):
+        reply = sfwire.parse(sfwire.body_of(sfwire.recv_frames(sock)))
+        if reply.type == ERROR:
+            err = check_error(reply, "overloaded", reply.request_id)
+            assert 1 <= reply.request_id <= total
+            hint = err.get("retry_after_ms")
+            assert type(hint) is int and 0 <= hint <= 60_000, err
+            hints.append(hint)
+            codes[err["code"]] = codes.get(err["code"], 0) + 1
+        else:
+            blocks += 1
+    assert hints, "no request was answered overloaded"
+    assert blocks >= 1024  # the limit's worth was served

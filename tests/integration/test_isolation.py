@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -119,6 +120,13 @@ def test_a_stopped_worker_is_killed_and_its_slot_restarted_with_ids_unique_throu
     assert slots[0]["kills"] == 1 and slots[1]["kills"] == 0
     assert "worker_killed" in node.log() or "killing it" in node.log()
     wait_for(lambda: metric(addr, "snowfence_worker_kills_total") == 1.0, 5, what="the kill counted")
+    shown = subprocess.run(
+        [sys.executable, "-m", "snowfence", "status", "--connect", node.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert shown.returncode == 0 and "1 killed for silence" in shown.stdout, shown
     with pytest.raises(ProcessLookupError):
         os.kill(stopped, 0)
 
