@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 
 from snowfence import Client, as_array
@@ -19,7 +20,7 @@ from snowfence import Client, as_array
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--connect", default="tcp://127.0.0.1:5555")
+    parser.add_argument("--connect", default=os.environ.get("SNOWFENCE_CONNECT", "tcp://127.0.0.1:5555"))
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--out", default="-")
     args = parser.parse_args()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 from snowfence import AsyncClient, decode
@@ -42,7 +43,7 @@ async def pipeline(connect: list[str], count: int) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--connect", default="tcp://127.0.0.1:5555")
+    parser.add_argument("--connect", default=os.environ.get("SNOWFENCE_CONNECT", "tcp://127.0.0.1:5555"))
     parser.add_argument("--events", type=int, default=100_000)
     args = parser.parse_args()
     return 0 if run(pipeline(args.connect.split(","), args.events)) == args.events else 1

@@ -204,3 +204,17 @@ def test_curve_denials_are_logged_once_per_interval_counted_and_named_to_the_cli
     # Many denials (a denied client keeps reconnecting), one line per 10 s.
     assert len(lines) == 1, lines
     assert print_ in lines[0] and "127.0.0.1" in lines[0] and "not in" in lines[0], lines[0]
+
+
+def test_bench_plot_without_matplotlib_fails_before_the_run(tmp_path):
+    from blockimport import blocking_env
+
+    env = blocking_env(tmp_path, "matplotlib")
+    # No server at the endpoint: a run would end in "is snowfence serve running".
+    p = subprocess.run(
+        [sys.executable, "-m", "snowfence", "bench", "--connect", f"ipc://{tmp_path}/none.sock", "--timeout", "5",
+         "--plot", str(tmp_path / "out.png")],
+        capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+    assert p.returncode == EX_CONFIG and "matplotlib" in p.stderr and "running" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
