@@ -261,6 +261,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .logs import setup
 
     config = _load_config(args)
+    if not config.embedded:
+        from .workers.etcd import require_client
+
+        require_client()  # here, not in every worker after the node started
     setup(config.log_level, config.log_format, role="broker")
     return serve(config)
 

@@ -218,3 +218,25 @@ def test_bench_plot_without_matplotlib_fails_before_the_run(tmp_path):
     )  # fmt: skip
     assert p.returncode == EX_CONFIG and "matplotlib" in p.stderr and "running" not in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_without_the_etcd_extra_embedded_mode_works_and_etcd_mode_names_the_extra(nodes, tmp_path):
+    from blockimport import blocking_env
+
+    env = blocking_env(tmp_path, "pyetcd", "grpc")
+    for args in (("serve", "--state-dir", str(tmp_path / "s")), ("status",)):
+        p = subprocess.run(
+            [sys.executable, "-m", "snowfence", *args, "--etcd", "http://127.0.0.1:2379"],
+            capture_output=True, text=True, timeout=30, env=env,
+        )  # fmt: skip
+        assert p.returncode == EX_CONFIG, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1 and "pip install 'snowfence[etcd]'" in p.stderr, p.stderr
+    # Embedded mode, the clients and decode never touch the etcd client.
+    node = nodes.start(workers=1, env=env)
+    node.wait_ready()
+    p = subprocess.run(
+        [sys.executable, "-m", "snowfence", "reserve", "2", "--connect", node.endpoint],
+        capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+    assert p.returncode == 0 and len(p.stdout.split()) == 2, p.stderr
+    assert "pyetcd" not in node.log() and "Traceback" not in node.log()

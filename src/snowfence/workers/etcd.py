@@ -154,12 +154,40 @@ class EtcdLease(Lease):
         return {**super().describe(), "store": "etcd", "lease_id": f"{self.lease_id:x}", "lease_ttl_s": self.ttl_s}
 
 
+#: The etcd client's top-level modules, from the ``etcd`` extra.
+CLIENT_MODULES = ("pyetcd", "grpc", "google.protobuf")
+
+
+def require_client() -> None:
+    """A ConfigError naming the extra when the etcd client is not installed.
+
+    It is an optional dependency (``pip install 'snowfence[etcd]'``): clients,
+    ``decode`` and embedded mode never need it. Looks, without importing.
+    """
+    import importlib.util
+
+    missing = []
+    for name in CLIENT_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise ConfigError(
+            f"etcd mode needs the etcd client, which is not installed (no {', '.join(missing)}): "
+            "pip install 'snowfence[etcd]'"
+        )
+
+
 class EtcdStore(Store):
     """Leases on the worker IDs of one region of one cluster."""
 
     skips_far_marks = True
 
     def __init__(self, config: Config) -> None:
+        require_client()
         self.config = config
         self.layout = config.layout
         self.region = self.layout.check_region(config.region)
