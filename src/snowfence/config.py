@@ -25,6 +25,10 @@ ENV_PREFIX = "SNOWFENCE_"
 
 
 def default_state_dir() -> str:
+    """systemd's $STATE_DIRECTORY (StateDirectory=), else $XDG_STATE_HOME/snowfence."""
+    systemd = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if systemd:
+        return systemd
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "snowfence")
 

