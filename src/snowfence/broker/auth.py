@@ -1,4 +1,11 @@
-"""Who may talk to the broker over CURVE, and what it says about those it turns away.
+"""The server half of CURVE: the broker's key pair, who may talk to it, and what it
+says about those it turns away.
+
+:class:`CurveServer` is the one place the broker reads its CURVE settings: it
+loads the server key pair (``curve_secret_key``), makes the client-facing socket
+a CURVE server, starts the ZAP handler for ``curve_allow``, watches the socket
+for failed handshakes, and gives the peer-clock sockets the client side (nodes
+of a cluster share the server key pair).
 
 ZeroMQ drops a connection that fails CURVE without a word to either side: the
 client only times out. So the broker watches for two kinds of denial, counts
@@ -17,15 +24,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections import Counter
 
 import zmq
+import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
+from ..clients.security import Curve
+from ..config import Config
+from ..errors import ConfigError
 from ..logs import event
 
 log = logging.getLogger("snowfence.auth")
@@ -149,3 +161,61 @@ class HandshakeWatch:
         except zmq.ZMQError:
             pass
         self._thread.join(2)
+
+
+class CurveServer:
+    """The broker's CURVE settings, read once (``ConfigError`` for a bad key file or
+    allow-list), and what they set up; :meth:`close` stops what was started."""
+
+    def __init__(self, ctx: zmq.Context, config: Config, denials: Denials) -> None:
+        self._ctx = ctx
+        self.denials = denials
+        self.public: bytes | None = None
+        self.secret: bytes | None = None
+        self.gatekeeper: Gatekeeper | None = None
+        self.handshakes: HandshakeWatch | None = None
+        if config.curve_secret_key:
+            try:
+                public, secret = zmq.auth.load_certificate(config.curve_secret_key)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot read the CURVE key {config.curve_secret_key}: {exc}") from None
+            if secret is None:
+                raise ConfigError(f"{config.curve_secret_key} holds no secret key; give the .key_secret file")
+            self.public, self.secret = public, secret
+        if config.curve_allow:
+            # ZAP handler: only clients whose public keys are in the directory get in.
+            if not os.path.isdir(config.curve_allow):
+                raise ConfigError(f"curve_allow {config.curve_allow} is not a directory")
+            self.gatekeeper = Gatekeeper(ctx, config.curve_allow, denials)
+            self.gatekeeper.start()
+
+    @property
+    def enabled(self) -> bool:
+        return self.secret is not None
+
+    def serve_on(self, sock: zmq.Socket) -> None:
+        """Make ``sock`` (not yet bound) a CURVE server; no-op without a key."""
+        if self.secret is None:
+            return
+        sock.curve_server = True
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+    def watch(self, sock: zmq.Socket) -> None:
+        """Count and log failed handshakes on ``sock`` (once it is a CURVE server)."""
+        if self.secret is not None and self.handshakes is None:
+            self.handshakes = HandshakeWatch(self._ctx, sock, self.denials)
+
+    def for_peers(self) -> Curve | None:
+        """The client side for other nodes of the cluster, which share this key pair."""
+        if self.secret is None:
+            return None
+        return Curve(self.public, self.public, self.secret)
+
+    def close(self) -> None:
+        if self.handshakes is not None:
+            self.handshakes.close()
+            self.handshakes = None
+        if self.gatekeeper is not None:
+            self.gatekeeper.stop()
+            self.gatekeeper = None

@@ -32,7 +32,6 @@ from collections.abc import Callable
 
 import orjson
 import zmq
-import zmq.auth
 import zmq.backend
 
 from .. import protocol
@@ -40,6 +39,7 @@ from ..config import Config
 from ..errors import BadRequest, ClockUnsafe, ConfigError, Overloaded, SnowfenceError, Unavailable
 from ..logs import event
 from ..workers.states import refusal_for
+from .auth import CurveServer
 from .fair import Conn, FairQueue
 from .metrics import Metrics
 
@@ -134,6 +134,7 @@ class Router:
         live_pids: set[int] | None = None,
         metrics: Metrics | None = None,
         heard: dict[int, int] | None = None,
+        curve: CurveServer | None = None,
     ) -> None:
         self.config = config
         self.frontend = ctx.socket(zmq.ROUTER)
@@ -141,24 +142,18 @@ class Router:
         #: The socket file of an ipc:// frontend: libzmq leaves it behind, close() removes it.
         self._ipc_path: str | None = None
         try:
-            self._setup_sockets(config, backend_endpoint)
+            self._setup_sockets(config, backend_endpoint, curve)
         except BaseException:
             # An open socket would keep ctx.term() waiting forever: close both first.
             self.close()
             raise
         self._init_state(config, describe_broker, live_pids, metrics, heard)
 
-    def _setup_sockets(self, config: Config, backend_endpoint: str) -> None:
-        if config.curve_secret_key:
-            try:
-                public, secret = zmq.auth.load_certificate(config.curve_secret_key)
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"cannot read the CURVE key {config.curve_secret_key}: {exc}") from None
-            if secret is None:
-                raise ConfigError(f"{config.curve_secret_key} holds no secret key; give the .key_secret file")
-            self.frontend.curve_server = True
-            self.frontend.curve_publickey = public
-            self.frontend.curve_secretkey = secret
+    def _setup_sockets(self, config: Config, backend_endpoint: str, curve: CurveServer | None) -> None:
+        if curve is not None:
+            curve.serve_on(self.frontend)
+        elif config.curve_secret_key:
+            raise ValueError("curve_secret_key is set: the router needs the CurveServer that read it")
         self.frontend.setsockopt(zmq.LINGER, 500)
         self.frontend.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.frontend.setsockopt(zmq.SNDHWM, 100_000)

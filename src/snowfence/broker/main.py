@@ -1,0 +1,227 @@
+"""The broker process: its sockets, its threads and its one loop.
+
+:class:`Node` owns everything with a file descriptor: the ZeroMQ context, the
+run directory, the router's two sockets, the CURVE server half, the health
+server, the peer-clock sockets and the signal wake-up socket pair. Its loop
+polls them, hands what arrived to the router (or the peers), and every
+``HOUSEKEEPING_NS`` gives the timers their turn: the supervisor's
+:meth:`~snowfence.broker.supervisor.Supervisor.tick`, the router's heartbeats,
+the peers' clock votes and the metrics snapshot. The decisions live in those
+parts; this module only wires them together and starts worker processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import orjson
+import zmq
+
+from .. import protocol
+from ..config import Config
+from ..errors import ConfigError
+from ..logs import event
+from . import rundir
+from .auth import CurveServer
+from .metrics import HealthServer, Metrics
+from .peers import PeerClocks
+from .router import Router
+from .supervisor import SIGNALS, Supervisor
+
+log = logging.getLogger("snowfence.broker")
+
+LOOP_TICK_MS = 50
+HOUSEKEEPING_NS = 10_000_000
+PEER_INTERVAL_S = 1.0
+
+
+def spawn_worker(config: Config, slot: int, backend: str) -> subprocess.Popen:
+    """Start the worker process for ``slot``, its spec on stdin."""
+    spec = {"config": config.to_dict(), "slot": slot, "backend": backend, "broker_pid": os.getpid()}
+    popen = subprocess.Popen([sys.executable, "-m", "snowfence.workers.main"], stdin=subprocess.PIPE, close_fds=True)
+    try:
+        popen.stdin.write(orjson.dumps(spec))
+        popen.stdin.close()
+    except BrokenPipeError:
+        pass
+    return popen
+
+
+class Node:
+    """One broker process: the router, the supervisor and what they talk through."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.rundir = ""
+        self.metrics = Metrics()
+        self.router: Router | None = None
+        self.curve: CurveServer | None = None
+        self.health: HealthServer | None = None
+        self.peers: PeerClocks | None = None
+        self.supervisor = Supervisor(config, self._spawn, on_stop=self._on_stop, on_exit=self._on_exit)
+
+    @property
+    def backend(self) -> str:
+        return f"ipc://{self.rundir}/backend"
+
+    def _spawn(self, slot: int) -> subprocess.Popen:
+        return spawn_worker(self.config, slot, self.backend)
+
+    def _on_stop(self) -> None:
+        if self.router is not None:
+            self.router.stop_accepting()
+            self.router.broadcast(protocol.STOP_FRAME)
+
+    def _on_exit(self, pid: int) -> None:
+        if self.router is not None:
+            self.router.forget_pid(pid, "process exited")
+
+    def run(self) -> int:
+        sup = self.supervisor
+        self.rundir = rundir.create(self.config.state_dir)
+        ctx = zmq.Context()
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        try:
+            self.curve = CurveServer(ctx, self.config, self.metrics.curve_denials)
+            try:
+                self.router = Router(
+                    ctx,
+                    self.config,
+                    self.backend,
+                    self.describe,
+                    sup.live_pids,
+                    self.metrics,
+                    sup.heard,
+                    curve=self.curve,
+                )
+            except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
+                raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
+            self.curve.watch(self.router.frontend)
+            if self.config.metrics_bind:
+                try:
+                    self.health = HealthServer(self.config.metrics_bind, self.metrics)
+                except OSError as exc:
+                    raise ConfigError(f"cannot serve metrics on {self.config.metrics_bind}: {exc.strerror}") from None
+                self.health.start()
+                event(
+                    log,
+                    "metrics",
+                    f"metrics and health on http://{self.health.address}/metrics",
+                    address=self.health.address,
+                )
+            signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+            for sig in SIGNALS:
+                signal.signal(sig, sup.enqueue)
+            if self.config.peers:
+                self.peers = PeerClocks(
+                    ctx,
+                    list(self.config.peers),
+                    interval_s=PEER_INTERVAL_S,
+                    bound_ms=self.config.max_peer_offset_ms,
+                    curve=self.curve.for_peers(),
+                )
+                self.metrics.peers = self.peers
+            mode = "embedded" if self.config.embedded else f"etcd cluster {self.config.cluster!r}"
+            n = len(sup.procs)
+            event(
+                log,
+                "serving",
+                f"snowfence serving on {self.router.endpoint()} ({mode}, region "
+                f"{self.config.region}, {n} worker{'' if n == 1 else 's'})",
+                bind=self.router.endpoint(),
+                workers=n,
+                mode="embedded" if self.config.embedded else "etcd",
+            )
+            sup.start()
+            self.loop(wake_r)
+        finally:
+            signal.set_wakeup_fd(-1)
+            for sig in SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            sup.kill_all(signal.SIGKILL)
+            if self.health is not None:
+                self.health.close()
+            if self.peers is not None:
+                self.peers.close()
+            if self.curve is not None:
+                self.curve.close()
+            if self.router is not None:
+                self.router.close()
+            # Closed sockets keep their own linger; one still open here (a failed
+            # start) must not keep the context, and the process, waiting forever.
+            ctx.destroy(linger=0)
+            wake_r.close()
+            wake_w.close()
+            rundir.remove(self.rundir)
+        event(log, "stopped", f"snowfence stopped (exit status {sup.exit_code})", exit_status=sup.exit_code)
+        return sup.exit_code
+
+    def loop(self, wake: socket.socket) -> None:
+        router, sup, peers = self.router, self.supervisor, self.peers
+        poller = zmq.Poller()
+        poller.register(router.backend, zmq.POLLIN)
+        poller.register(router.frontend, zmq.POLLIN)
+        poller.register(wake, zmq.POLLIN)
+        backend, frontend, wake_fd = router.backend, router.frontend, wake.fileno()
+        if peers is not None:
+            for sock in peers.sockets:
+                poller.register(sock, zmq.POLLIN)
+        next_housekeeping_ns = 0
+        while True:
+            for sock, _ in poller.poll(LOOP_TICK_MS):
+                if sock is backend:
+                    router.on_backend()
+                elif sock is frontend:
+                    router.on_frontend()
+                elif peers is not None and sock in peers.sockets:
+                    peers.on_readable(sock)
+                elif sock is wake or sock == wake_fd:
+                    try:
+                        while wake.recv(512):
+                            pass
+                    except BlockingIOError:
+                        pass
+            if sup.signals:
+                sup.dispatch()
+            # Timers, at most every HOUSEKEEPING_NS: under load the loop above turns
+            # thousands of times a second and must not pay for them each time.
+            now_ns = time.monotonic_ns()
+            if now_ns < next_housekeeping_ns:
+                continue
+            next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
+            if not sup.tick(now_ns):
+                return
+            router.tick(now_ns)
+            if peers is not None:
+                peers.tick(now_ns)
+                if peers.veto != router.veto:
+                    if peers.veto:
+                        event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
+                    else:
+                        event(log, "rejoined", "clock agrees with the cluster again")
+                    router.veto = peers.veto
+            self.metrics.maybe_snapshot(now_ns, router, sup.restarts, sup.kills)
+
+    def describe(self) -> dict:
+        """The broker's part of STATUS."""
+        config = self.config
+        return {
+            "pid": os.getpid(),
+            "bind": self.router.endpoint() if self.router else config.bind,
+            "mode": "embedded" if config.embedded else "etcd",
+            "cluster": None if config.embedded else config.cluster,
+            **self.supervisor.describe(),
+        }
+
+
+def serve(config: Config) -> int:
+    """Run a node until SIGTERM/SIGINT; the exit status of the broker."""
+    return Node(config).run()
