@@ -174,18 +174,18 @@ def test_back_off_starts_again_from_the_retry_delay_after_a_success():
 
 def test_a_bug_in_a_renewal_is_logged_and_retried_not_the_end_of_renewals(caplog):
     bug = RuntimeError("unexpected")
-    wake, lease, minter, keeper, events = setup(script=[bug, bug])
-    wake.at(3.0, keeper.stop)
+    wake, lease, minter, keeper, events = setup(script=[bug] * 5)
+    wake.at(5.0, keeper.stop)
     with caplog.at_level("ERROR", logger="snowfence.lease"):
         keeper.run()
-    assert lease.sent_at == [0.0, 0.25, 0.75, 2.75]
-    assert events[:2] == [
-        ("renewal_failed", {"worker_id": 1, "reason": repr(bug), "failures": 1}),
-        ("renewal_failed", {"worker_id": 1, "reason": repr(bug), "failures": 2}),
+    assert wake.timeouts == [0.25, 0.5, 1.0, 1.0, 1.0, INTERVAL_S]  # the same back-off as a store error
+    assert lease.sent_at == [0.0, 0.25, 0.75, 1.75, 2.75, 3.75]
+    assert events[:5] == [
+        ("renewal_failed", {"worker_id": 1, "reason": repr(bug), "failures": i + 1}) for i in range(5)
     ]
-    assert events[2] == ("renewed", {"worker_id": 1, "after_failures": 2})
+    assert events[5] == ("renewed", {"worker_id": 1, "after_failures": 5})
     assert "lease keeper for worker 1 failed" in caplog.text
-    assert keeper.renewals == 2
+    assert keeper.renewals == 1
 
 
 def test_wake_renews_at_once_and_then_waits_a_full_interval_again():
@@ -215,14 +215,15 @@ def test_a_lost_lease_fences_the_minter_ends_the_keeper_and_says_why():
     assert events == [("lease_lost", {"worker_id": 1, "reason": "lease 7 expired (TTL 0)"})]
 
 
-@pytest.mark.parametrize("takes_s, late", [(1.3, True), (FENCE_S / 4, False), (0.5, False)])
+@pytest.mark.parametrize("takes_s, late", [(1.3004, True), (FENCE_S / 4, False), (0.5, False)])
 def test_a_slow_renewal_is_reported_once_it_takes_more_than_a_quarter_of_the_fence(takes_s, late):
     wake, lease, minter, keeper, events = setup()
     lease.takes_s = takes_s
     wake.at(1.0, keeper.stop)
     keeper.run()
     assert keeper.renewals == 1
-    assert events == ([("renewed_late", {"worker_id": 1, "latency_s": takes_s})] if late else [])
+    assert keeper.last_renewal_latency_s == takes_s
+    assert events == ([("renewed_late", {"worker_id": 1, "latency_s": round(takes_s, 3)})] if late else [])
 
 
 def test_a_renewal_in_the_same_millisecond_does_not_write_the_mark_again():
@@ -239,3 +240,60 @@ def test_minting_through_a_partition_drops_the_fence_but_not_the_reservation():
     keeper.renew_once()
     assert minter.fence_deadline_ns == NEVER_NS
     assert minter.reserved_until_ms == minter.now_ms() + 5000
+
+
+def test_a_fresh_keeper_has_renewed_nothing_and_keeps_no_process_alive():
+    wake, lease, minter, keeper, events = setup()
+    assert (keeper.renewals, keeper.failures, keeper.lost) == (0, 0, None)
+    assert keeper.last_renewal_ns is None and keeper.last_renewal_latency_s is None
+    assert keeper.daemon and keeper.name == "keeper-1"
+
+
+def test_the_last_renewal_is_stamped_with_when_it_was_sent():
+    wake, lease, minter, keeper, events = setup()
+    lease.takes_s = 0.5
+    sent = wake.clock.mono_ns()
+    keeper.renew_once()
+    assert keeper.last_renewal_ns == sent and keeper.last_renewal_latency_s == 0.5
+
+
+def test_the_default_retry_delay_is_a_quarter_second():
+    clock = FakeClock()
+    wake = SimulatedWake(clock)
+    lease = Lease1(clock, wake, [EtcdUnavailable("no leader")])
+    minter = Minter(DEFAULT_LAYOUT, 0, 1, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    keeper = Keeper(
+        lease, minter, interval_s=2.0, fence_after_s=5.0, window_ms=5000, mono_ns=clock.mono_ns, wake_event=wake
+    )
+    wake.at(1.0, keeper.stop)
+    keeper.run()
+    assert wake.timeouts == [0.25, 2.0]
+
+
+def test_stop_gives_up_waiting_after_its_timeout_when_a_renewal_hangs():
+    """A renewal stuck in the store must not hang the worker's shutdown."""
+    import threading
+
+    clock = FakeClock()
+    entered, release = threading.Event(), threading.Event()
+
+    class Hanging(Lease1):
+        def refresh(self):
+            entered.set()
+            release.wait(30)
+
+    lease = Hanging(clock, SimulatedWake(clock))
+    minter = Minter(DEFAULT_LAYOUT, 0, 1, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    keeper = Keeper(lease, minter, interval_s=2.0, fence_after_s=5.0, window_ms=5000, mono_ns=clock.mono_ns)
+    keeper.start()
+    try:
+        assert entered.wait(10)
+        stopper = threading.Thread(target=keeper.stop, args=(0.01,))
+        stopper.start()
+        stopper.join(10)
+        assert not stopper.is_alive(), "stop() waited for the hanging renewal"
+        assert keeper.is_alive()
+    finally:
+        release.set()
+        keeper.join(10)
+    assert not keeper.is_alive()

@@ -20,12 +20,14 @@ class MapStore(Store):
         self.broken = set(broken)
         self.skips_far_marks = skips_far_marks
         self.tries: list[tuple[int, int | None]] = []
+        self.holders: list[str] = []
 
     def candidates(self):
         return iter(sorted(self.marks))
 
     def try_claim(self, worker_id, holder, max_mark_ms):
         self.tries.append((worker_id, max_mark_ms))
+        self.holders.append(holder)
         if worker_id in self.broken:
             raise StateDirError(f"mark of worker ID {worker_id} is unreadable")
         if worker_id in self.taken:
@@ -38,8 +40,9 @@ class MapStore(Store):
 
 def test_claim_tries_the_preferred_worker_id_first():
     s = MapStore({0: 0, 1: 0, 2: 0, 3: 0})
-    lease = s.claim(preferred=2, holder="h", now_ms=100, max_ahead_ms=10)
+    lease = s.claim(preferred=2, holder="node-a/slot-0", now_ms=100, max_ahead_ms=10)
     assert lease.worker_id == 2 and s.tries == [(2, None)]
+    assert s.holders == ["node-a/slot-0"]  # the store records who holds it
 
 
 def test_claim_falls_back_in_candidate_order_when_the_preferred_one_is_taken():
@@ -107,12 +110,14 @@ def test_preference_file_that_cannot_be_written_warns_and_carries_on(tmp_path, c
     pref = PreferenceFile(tmp_path, "ns", "slot-0")
     with caplog.at_level(logging.WARNING, logger="snowfence.lease"):
         pref.write(5)
-    assert "cannot record last worker ID" in caplog.text
+    assert f"cannot record last worker ID in {pref.path}: " in caplog.text
+    assert "Not a directory" in caplog.text  # and why
     assert pref.read() is None
 
 
 def test_lease_handle_defaults():
     lease = Lease(region=2, worker_id=9, token=4, mark_ms=1234)
+    assert (lease.region, lease.worker_id, lease.token) == (2, 9, 4)
     assert (lease.claimed_mark_ms, lease.reserved_until_ms, lease.released) == (1234, 1234, False)
     assert lease.describe() == {"worker_id": 9, "token": 4, "reserved_until_ms": 1234}
     assert lease.remaining_s() is None and not lease.expires
