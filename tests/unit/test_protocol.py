@@ -271,3 +271,52 @@ def test_status_and_error_replies_carry_a_plain_header():
     assert error[:12] == bytes([1, p.ERROR, 0, 0]) + (3).to_bytes(8, "big")
     assert p.encode_block(3, 1, 1)[:4] == bytes([1, p.BLOCK, 0, 0])
     assert p.encode_time_reply(3, 1, 1)[:4] == bytes([1, p.TIME_REPLY, 0, 0])
+
+
+# -- endpoints -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "endpoint, bind, problem",
+    [
+        ("tcp://127.0.0.1:5555", False, None),
+        ("tcp://127.0.0.1:0", False, None),
+        ("tcp://127.0.0.1:65535", False, None),
+        ("tcp://[::1]:5555", False, None),
+        ("tcp://*:5555", True, None),
+        ("tcp://127.0.0.1:*", True, None),
+        ("ipc:///run/snowfence.sock", False, None),
+        ("ipc://" + "/" + "a" * (p.IPC_PATH_MAX - 1), False, None),
+        ("inproc://broker", False, None),
+        ("ws://127.0.0.1:8080/ids", False, None),
+        ("wss://127.0.0.1:8443", False, None),
+        (5555, False, "is not a ZeroMQ endpoint such as tcp://127.0.0.1:5555"),
+        (None, False, "is not a ZeroMQ endpoint"),
+        ("127.0.0.1:5555", False, "is not a ZeroMQ endpoint"),
+        ("udp://127.0.0.1:5555", False, "unknown transport 'udp' (use tcp, ipc, inproc, ws, wss)"),
+        ("tcp://", False, "the address after tcp:// is empty or has spaces or control characters"),
+        ("tcp://127.0.0.1 :5555", False, "has spaces"),
+        ("tcp://127.0.0.1:55\x0055", False, "control characters"),
+        ("ipc://" + "/" + "a" * p.IPC_PATH_MAX, False, f"an ipc path may have at most {p.IPC_PATH_MAX} bytes"),
+        ("tcp://127.0.0.1", False, "a tcp endpoint needs host:port"),
+        ("tcp://:5555", False, "a tcp endpoint needs host:port"),
+        ("ws://127.0.0.1/ids", False, "a ws endpoint needs host:port"),
+        ("tcp://127.0.0.1:*", False, "the port must be a number 0..65535"),
+        ("tcp://127.0.0.1:65536", False, "the port must be a number 0..65535"),
+        ("tcp://127.0.0.1:65536", True, "the port must be a number 0..65535 or *"),
+        ("tcp://127.0.0.1:５５", False, "the port must be a number"),
+        ("tcp://127.0.0.1:-1", False, "the port must be a number"),
+        ("tcp://*:5555", False, "connect to a host, not *"),
+    ],
+)
+def test_endpoint_problems_are_named_before_any_socket_sees_them(endpoint, bind, problem):
+    found = p.endpoint_problem(endpoint, bind=bind)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(repr(endpoint)) and problem in found
+
+
+def test_endpoint_problem_checks_connect_endpoints_by_default():
+    assert p.endpoint_problem("tcp://*:5555") is not None
+    assert p.endpoint_problem("tcp://127.0.0.1:*") is not None
