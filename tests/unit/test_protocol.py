@@ -306,6 +306,7 @@ def test_status_and_error_replies_carry_a_plain_header():
         ("tcp://127.0.0.1:65536", True, "the port must be a number 0..65535 or *"),
         ("tcp://127.0.0.1:５５", False, "the port must be a number"),
         ("tcp://127.0.0.1:-1", False, "the port must be a number"),
+        ("tcp://127.0.0.1:5555/x", False, "the port must be a number"),  # a tcp address has no path
         ("tcp://*:5555", False, "connect to a host, not *"),
     ],
 )
@@ -320,3 +321,50 @@ def test_endpoint_problems_are_named_before_any_socket_sees_them(endpoint, bind,
 def test_endpoint_problem_checks_connect_endpoints_by_default():
     assert p.endpoint_problem("tcp://*:5555") is not None
     assert p.endpoint_problem("tcp://127.0.0.1:*") is not None
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        (b"", "empty request frame"),
+        (b"\x07" + p.encode_reserve(5, 1)[1:], "protocol version 7 is not supported; this server speaks 1"),
+        (b"\x01" * (p.MAX_REQUEST_BYTES + 1), f"request of 256 bytes exceeds {p.MAX_REQUEST_BYTES}"),
+        (b"\x01\x01\x00", "request of 3 bytes is shorter than the 12-byte header"),
+        (struct.pack("!BBHQI", 1, 1, 0x8000, 6, 1), "unknown flags 0x8000"),
+        (p.encode_reserve(5, 1, after=9)[:-1], "RESERVE with AFTER must be 24 bytes, got 23"),
+        (p.encode_reserve(5, 1) + b"x", "RESERVE must be 16 bytes, got 17"),
+        (struct.pack("!BBHQI", 1, 1, 0, 6, 0), f"count must be 1..{p.MAX_BLOCK}, got 0"),
+        (p.encode_status(5) + b"x", "STATUS and TIME must be 12 bytes without flags"),
+        (struct.pack("!BBHQ", 1, 0x33, 0, 8), "unknown request type 0x33"),
+    ],
+)
+def test_each_malformed_request_says_what_is_wrong(body, says):
+    """The message is the one line a client's user sees: it names the problem."""
+    with pytest.raises(BadRequest) as info:
+        p.decode_request(body)
+    assert info.value.message == says
+
+
+def test_error_and_status_replies_keep_their_request_id_and_type():
+    e = p.decode_reply(p.encode_error(9, ClockUnsafe("x")))
+    assert (e.type, e.request_id, e.error.message) == (p.ERROR, 9, "x")
+    s = p.decode_reply(p.encode_status_reply(4, {"ready": True}))
+    assert (s.type, s.request_id, s.status) == (p.STATUS_REPLY, 4, {"ready": True})
+
+
+def test_an_error_reply_without_a_message_reads_as_its_code_described():
+    body = p.HEADER.pack(1, p.ERROR, 0, 5) + b'{"code": "clock_unsafe"}'
+    err = p.decode_reply(body).error
+    assert isinstance(err, ClockUnsafe) and err.message == ClockUnsafe().message
+
+
+def test_a_reply_of_another_version_is_named_as_such_even_when_only_a_header():
+    with pytest.raises(UnsupportedVersion):
+        p.decode_reply(p.HEADER.pack(2, p.BLOCK, 0, 1))
+    with pytest.raises(BadRequest, match="shorter than the 12-byte header"):
+        p.decode_reply(p.HEADER.pack(1, p.BLOCK, 0, 1)[:-1])
+
+
+def test_an_ipc_path_may_itself_contain_the_scheme_separator():
+    assert p.endpoint_problem("ipc:///run/odd://name") is None
+    assert p.endpoint_problem("ws://127.0.0.1:8080/a/b:c") is None
