@@ -444,6 +444,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{'yes' if w.get('in_rotation') else 'no':<8} {_dash(w.get('fence_in_s')):>10} "
             f"{_dash(w.get('lease_remaining_s')):>7} {reserved_text:<24} {w.get('reason') or ''}"
         )
+    passed = {p["worker_id"]: p["reason"] for w in status["workers"] for p in w.get("passed_over") or ()}
+    for worker_id, reason in sorted(passed.items()):
+        print(f"passed over worker ID {worker_id}: {reason}")
     return 0
 
 

@@ -89,6 +89,12 @@ class Config:
         "Directory for worker-ID locks and marks (embedded mode) and each worker's last worker ID.",
         metavar="DIR",
     )
+    allow_unsafe_filesystem: bool = setting(
+        False,
+        "Run embedded mode on a state directory whose filesystem (NFS, FUSE, CIFS, ...) may not make flock "
+        "exclusive across processes; refused by default.",
+        metavar="BOOL",
+    )
     etcd: tuple[str, ...] = setting(
         (), "etcd endpoints, comma-separated (http[s]://host:port); empty means embedded mode.", metavar="URLS"
     )

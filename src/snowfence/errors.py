@@ -139,6 +139,19 @@ class StateDirError(ConfigError):
     code = "state_dir_error"
 
 
+class WorkerIdUnusable(StateDirError):
+    """A worker ID's state in the state directory cannot be trusted; it is passed over."""
+
+    code = "worker_id_unusable"
+
+
+class StateDirBusy(SnowfenceError):
+    """Another process held the state directory's lock too long; try again."""
+
+    code = "state_dir_busy"
+    retriable = True
+
+
 class NoFreeWorkerId(SnowfenceError):
     """Every worker ID of the region is held by another worker."""
 

@@ -83,6 +83,14 @@ def lowest_by_worker(blocks, layout=DEFAULT_LAYOUT) -> dict[int, int]:
     return out
 
 
+def serving(node) -> int:
+    """How many workers of ``node`` are in rotation; 0 if it does not answer."""
+    try:
+        return len(node.ready_workers())
+    except (SnowfenceError, OSError):
+        return 0
+
+
 def repeated_ids(blocks) -> int:
     """How many IDs were acknowledged more than once."""
     spans = sorted((f, f + c) for client in blocks for f, c in client)
@@ -115,7 +123,7 @@ def test_lock_files_removed_under_a_running_node_never_give_one_worker_id_to_two
     # The second node claims a worker ID (waiting out its mark) or finds both held;
     # either way both nodes are loaded for a while after.
     deadline = time.monotonic() + 12
-    while time.monotonic() < deadline and not b.ready_workers():
+    while time.monotonic() < deadline and not serving(b):
         time.sleep(0.1)
     time.sleep(2.5)
     blocks = load_a.stop() + load_b.stop()
@@ -126,7 +134,7 @@ def test_lock_files_removed_under_a_running_node_never_give_one_worker_id_to_two
     assert "lease_exclusivity_lost" in log and "claiming a worker ID again" in log, a.log_tail()
     assert sum(w["counters"].get("leases_lost", 0) for w in a.status()["workers"]) >= 1
     # Service continues: the worker IDs are held again, each by one node.
-    wait_for(lambda: len(a.ready_workers()) + len(b.ready_workers()) == 2, 15, what="both worker IDs in service")
+    wait_for(lambda: serving(a) + serving(b) == 2, 15, what="both worker IDs in service")
 
 
 @pytest.mark.parametrize("how", ["deleted", "rolled_back"])
@@ -178,12 +186,6 @@ def test_two_nodes_starting_at_once_with_different_layouts_cannot_both_serve(nod
     b = nodes.new("b", workers=1, state_dir=state, env=env, args=("--worker-bits", "6", "--sequence-bits", "13"))
     a.start()
     b.start()
-    def serving(n) -> bool:
-        try:
-            return bool(n.ready_workers())
-        except (SnowfenceError, OSError):
-            return False
-
     exits: dict[str, int] = {}
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not exits and not (serving(a) and serving(b)):

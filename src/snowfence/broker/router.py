@@ -600,6 +600,7 @@ class Router:
                 "outstanding": link.outstanding,
                 "reason": st.get("reason"),
                 "counters": st.get("counters", {}),
+                "passed_over": st.get("passed_over") or [],
             }
             held = st.get("held") or []
             if not held:

@@ -3,74 +3,232 @@
 Layout of the state directory::
 
     layout.json                        the ID layout this directory serves
+    regions/<r>/                       flock(2)ed briefly around every read-compare-write of a mark
     regions/<r>/worker-<w>.lock        flock(2)ed by the worker holding worker ID w
-    regions/<r>/worker-<w>.mark        {"reserved_until_ms": ..., "token": ...}
+    regions/<r>/worker-<w>.mark        {"reserved_until_ms", "token", "holder", ..., "checksum"}
+    last-worker-id/<ns>/<node>/slot-N  "<worker ID> <token>" a worker slot claimed last
 
 The kernel releases a flock when its process dies, so a crashed worker's ID
 frees at once; its mark stays and makes the next owner wait until the wall
 clock has passed it. Marks are written to a temporary file, fsynced, renamed
 over the old one, and the directory fsynced, before the minter may use them.
-Lock files are never deleted: a lock on an unlinked file would lock nothing.
+
+The store does not trust its own belief that it holds a worker ID, as etcd does
+not trust a stale lease: before every write of the mark, and on the keeper's
+timer, the holder checks that the file it holds the lock on is still the lock
+file at the path (device and inode) and that the mark still carries its token.
+The check and the write happen under the region directory's flock, which every
+claim takes too, so a second process that locked a new lock file at the same
+path (the old one deleted) and a holder of the old one cannot interleave: one
+of them sees the other's token and drops the worker ID.
+
+State that is missing or inconsistent is never read as "fresh". A worker ID is
+passed over, with the reason logged and shown in ``snowfence status``, when its
+lock file exists without a mark, when its mark cannot be parsed or fails its
+checksum, or when its mark's token is below one a worker recorded when it
+claimed it. A worker ID never used has neither file: its mark is written before
+its lock file is created, so a crash between the two leaves a usable worker ID.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import fcntl
+import logging
 import os
+import threading
+import time
+import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from ..errors import LayoutMismatch, StateDirError
+from ..errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from ..ids import Layout
-from .lease import Lease, Store
+from ..logs import event
+from .lease import Lease, PreferenceFile, Store, embedded_namespace
+
+log = logging.getLogger("snowfence.embedded")
+
+#: How long a claim or an extension waits for another process's mark write.
+REGION_LOCK_WAIT_S = 0.5
+
+#: statfs(2) f_type of filesystems whose flock(2) is not known to be exclusive
+#: across processes and hosts (linux/magic.h).
+UNSAFE_FILESYSTEMS = {
+    0x6969: "NFS",
+    0x65735546: "FUSE",
+    0xFF534D42: "CIFS",
+    0xFE534D42: "SMB2",
+    0x517B: "SMB",
+    0x01021997: "9P",
+    0x00C36400: "Ceph",
+    0x5346414F: "AFS",
+    0x73757245: "Coda",
+    0x01161970: "GFS2",
+    0x7461636F: "OCFS2",
+    0x0BD00BD0: "Lustre",
+    0x47504653: "GPFS",
+}
+
+_MARK_FIELDS = ("holder", "reserved_until_ms", "reserved_until_unix_ms", "token")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` durably: temp file, fsync, rename, fsync dir."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def filesystem_type(path: str | os.PathLike) -> int | None:
+    """statfs(2) f_type of the filesystem holding ``path``; None if it cannot be read."""
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        statfs = ctypes.CDLL(None, use_errno=True).statfs
+    except (OSError, AttributeError):
+        return None
+    buf = ctypes.create_string_buffer(512)  # larger than struct statfs on any ABI
+    if statfs(os.fsencode(path), buf) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # f_type is the first field
+
+
+def _fsync_dir(path: Path) -> None:
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
 
+def _write_synced(path: Path, data: bytes) -> None:
+    """Create or truncate ``path``, write ``data`` in full, fsync; remove it on failure."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` durably: temp file, fsync, rename, fsync dir."""
+    tmp = _tmp_name(path)
+    _write_synced(tmp, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def mark_checksum(doc: dict) -> str:
+    """The checksum a mark carries: CRC-32 of its other fields, canonically encoded."""
+    canonical = orjson.dumps({k: doc.get(k) for k in _MARK_FIELDS}, option=orjson.OPT_SORT_KEYS)
+    return f"crc32:{zlib.crc32(canonical):08x}"
+
+
+@dataclass(frozen=True)
+class Mark:
+    reserved_until_ms: int
+    token: int
+    holder: str
+    #: False for a mark written before marks carried a checksum.
+    checked: bool = True
+
+
 class FileLease(Lease):
     """A worker ID held by an flock on its lock file."""
 
-    def __init__(self, store: FileStore, fd: int, worker_id: int, token: int, mark_ms: int, holder: str) -> None:
+    def __init__(
+        self,
+        store: FileStore,
+        fd: int,
+        lock_id: tuple[int, int],
+        worker_id: int,
+        token: int,
+        mark_ms: int,
+        holder: str,
+    ) -> None:
         super().__init__(store.region, worker_id, token, mark_ms)
         self._store = store
         self._fd = fd
+        #: (st_dev, st_ino) of the lock file we hold the flock on.
+        self.lock_id = lock_id
         self.holder = holder
 
-    def _write_mark(self, mark_ms: int) -> None:
-        self._store.write_mark(self.worker_id, mark_ms, self.token, self.holder)
+    def _lost(self, why: str) -> LeaseLost:
+        event(
+            log,
+            "lease_exclusivity_lost",
+            f"worker ID {self.worker_id}: {why}; the lease is lost",
+            level=logging.ERROR,
+            worker_id=self.worker_id,
+            token=self.token,
+            reason=why,
+        )
+        return LeaseLost(f"worker ID {self.worker_id}: {why}")
+
+    def check(self) -> None:
+        """Raise LeaseLost unless our lock file is at its path and the mark carries our token."""
+        lock_path, mark_path = self._store.paths(self.worker_id)
+        try:
+            st = os.stat(lock_path)
+        except FileNotFoundError:
+            raise self._lost(f"its lock file {lock_path} was removed") from None
+        except OSError as exc:
+            raise StateDirError(f"cannot check the lock file {lock_path}: {exc.strerror or exc}") from None
+        if (st.st_dev, st.st_ino) != self.lock_id:
+            raise self._lost(f"its lock file {lock_path} was replaced by another file")
+        try:
+            mark = self._store.mark(self.worker_id)
+        except WorkerIdUnusable as exc:
+            raise self._lost(str(exc)) from None
+        if mark is None:
+            raise self._lost(f"its mark file {mark_path} was removed")
+        if mark.token != self.token:
+            raise self._lost(f"its mark carries token {mark.token}, not ours ({self.token}): another process claimed it")
+        if mark.reserved_until_ms < self.reserved_until_ms:
+            raise self._lost(
+                f"its mark was set back to {mark.reserved_until_ms} ms below the persisted {self.reserved_until_ms} ms"
+            )
+
+    def refresh(self) -> None:
+        self.check()
+
+    def _checked_write(self, mark_ms: int) -> None:
+        """Compare, then rename, under the region lock: a second holder cannot interleave."""
+        try:
+            with self._store.region_lock():
+                self.check()
+                self._store.write_mark(self.worker_id, mark_ms, self.token, self.holder)
+        except OSError as exc:
+            raise StateDirError(
+                f"cannot persist the mark of worker ID {self.worker_id}: {exc.strerror or exc}"
+            ) from None
 
     def extend(self, until_ms: int) -> None:
-        try:
-            self._write_mark(until_ms)
-        except OSError as exc:
-            raise StateDirError(f"cannot persist the mark of worker ID {self.worker_id}: {exc}") from None
+        self._checked_write(until_ms)
         self.reserved_until_ms = until_ms
 
     def release(self, last_used_ms: int) -> None:
         if self.released:
             return
         try:
-            if last_used_ms < self.reserved_until_ms:
-                self._write_mark(max(last_used_ms, self.claimed_mark_ms))
-                self.reserved_until_ms = max(last_used_ms, self.claimed_mark_ms)
+            lowered = max(last_used_ms, self.claimed_mark_ms)
+            if lowered < self.reserved_until_ms:
+                # Lowering is a write like any other: only while the worker ID is ours.
+                self._checked_write(lowered)
+                self.reserved_until_ms = lowered
         finally:
             self.abandon()
 
@@ -86,7 +244,15 @@ class FileLease(Lease):
 class FileStore(Store):
     """Worker IDs of one region, leased by file locks under ``state_dir``."""
 
-    def __init__(self, state_dir: str | os.PathLike, layout: Layout, region: int) -> None:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike,
+        layout: Layout,
+        region: int,
+        *,
+        allow_unsafe_filesystem: bool = False,
+    ) -> None:
+        super().__init__()
         self.root = Path(state_dir)
         self.layout = layout
         self.region = layout.check_region(region)
@@ -98,20 +264,56 @@ class FileStore(Store):
             probe.unlink()
         except OSError as exc:
             raise StateDirError(f"state directory {self.root} is not usable: {exc.strerror or exc}") from None
+        self._check_filesystem(allow_unsafe_filesystem)
+
+    def _check_filesystem(self, allowed: bool) -> None:
+        fstype = filesystem_type(self.dir)
+        name = UNSAFE_FILESYSTEMS.get(fstype) if fstype is not None else None
+        if name is None:
+            return
+        what = (
+            f"state directory {self.root} is on {name} (statfs type {fstype:#x}), where file locks are not "
+            "known to be exclusive across processes and hosts, so two nodes could mint as one worker ID"
+        )
+        if not allowed:
+            raise ConfigError(
+                f"{what}; use a local filesystem (ext4, xfs, btrfs, tmpfs), or etcd mode, or set "
+                "--allow-unsafe-filesystem true if this filesystem's flock is known to be exclusive"
+            )
+        event(log, "unsafe_filesystem_allowed", f"{what}; allowed by allow_unsafe_filesystem", level=logging.WARNING)
+
+    # -- the layout -----------------------------------------------------------------
+
+    def _read_layout(self, path: Path) -> Layout | None:
+        try:
+            return Layout.from_dict(orjson.loads(path.read_bytes()))
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError) as exc:
+            raise StateDirError(f"{path} is unreadable: {exc}") from None
 
     def check_layout(self, layout: Layout) -> None:
         path = self.root / "layout.json"
-        try:
-            recorded = Layout.from_dict(orjson.loads(path.read_bytes()))
-        except FileNotFoundError:
-            recorded = None
-        except (OSError, orjson.JSONDecodeError, TypeError, ValueError) as exc:
-            raise StateDirError(f"{path} is unreadable: {exc}") from None
+        recorded = self._read_layout(path)
         if recorded is None:
-            # First start: record ours. Two workers may race here; both write the
-            # same layout, and a different one is caught by the check below.
-            write_atomic(path, orjson.dumps(layout.to_dict(), option=orjson.OPT_INDENT_2))
-            recorded = Layout.from_dict(orjson.loads(path.read_bytes()))
+            # First start: record ours by an exclusive create of a complete file
+            # (link(2) fails if the name exists), so of two nodes starting at once
+            # exactly one records its layout and the other reads it back.
+            tmp = _tmp_name(path)
+            try:
+                _write_synced(tmp, orjson.dumps(layout.to_dict(), option=orjson.OPT_INDENT_2))
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass
+                finally:
+                    os.unlink(tmp)
+                _fsync_dir(self.root)
+            except OSError as exc:
+                raise StateDirError(f"cannot record the layout in {path}: {exc.strerror or exc}") from None
+            recorded = self._read_layout(path)
+            if recorded is None:
+                raise StateDirError(f"{path} vanished right after it was recorded")
         if recorded != layout:
             raise LayoutMismatch(
                 f"state directory {self.root} was created for layout [{recorded.describe()}] "
@@ -119,57 +321,166 @@ class FileStore(Store):
                 "could collide, so this node will not start"
             )
 
+    # -- marks ----------------------------------------------------------------------
+
     def candidates(self) -> Iterator[int]:
         return iter(range(self.layout.max_worker + 1))
 
-    def _paths(self, worker_id: int) -> tuple[Path, Path]:
+    def paths(self, worker_id: int) -> tuple[Path, Path]:
         return self.dir / f"worker-{worker_id}.lock", self.dir / f"worker-{worker_id}.mark"
 
-    def read_mark(self, worker_id: int) -> tuple[int, int]:
-        """``(reserved_until_ms, token)`` of a worker ID; ``(0, 0)`` if never used."""
-        _, mark_path = self._paths(worker_id)
+    @contextlib.contextmanager
+    def region_lock(self) -> Iterator[None]:
+        """The region directory's flock, held around every read-compare-write of a mark."""
         try:
-            data = orjson.loads(mark_path.read_bytes())
-            return int(data["reserved_until_ms"]), int(data["token"])
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StateDirError(f"region directory {self.dir} is not usable: {exc.strerror or exc}") from None
+        try:
+            deadline = time.monotonic() + REGION_LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise StateDirError(f"cannot lock {self.dir}: {exc.strerror or exc}") from None
+                if time.monotonic() >= deadline:
+                    raise StateDirBusy(f"another process has held {self.dir} locked for {REGION_LOCK_WAIT_S} s")
+                time.sleep(0.002)
+            yield
+        finally:
+            os.close(fd)
+
+    def mark(self, worker_id: int) -> Mark | None:
+        """The mark of a worker ID; None if it has no mark file.
+
+        Raises WorkerIdUnusable if the mark cannot be trusted.
+        """
+        _, mark_path = self.paths(worker_id)
+        try:
+            raw = mark_path.read_bytes()
         except FileNotFoundError:
-            return 0, 0
-        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            # A mark we cannot read could hide a later timestamp; never guess.
-            raise StateDirError(
-                f"mark file {mark_path} is unreadable ({exc}); refusing to use worker ID {worker_id}"
-            ) from None
+            return None
+        except OSError as exc:
+            raise StateDirError(f"cannot read mark file {mark_path}: {exc.strerror or exc}") from None
+        try:
+            doc = orjson.loads(raw)
+            if not isinstance(doc, dict):
+                raise ValueError("not an object")
+            ms, token, holder = doc["reserved_until_ms"], doc["token"], doc.get("holder", "")
+            for name, value in (("reserved_until_ms", ms), ("token", token)):
+                if type(value) is not int or value < 0:
+                    raise ValueError(f"{name} is {value!r}")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise WorkerIdUnusable(f"mark file {mark_path} cannot be parsed ({exc})") from None
+        checksum = doc.get("checksum")
+        if checksum is not None:
+            if checksum != mark_checksum(doc) or set(doc) != {*_MARK_FIELDS, "checksum"}:
+                raise WorkerIdUnusable(f"mark file {mark_path} fails its checksum")
+        elif set(doc) != set(_MARK_FIELDS) or not isinstance(holder, str):
+            # A mark from before marks carried checksums must at least be exactly what we wrote then.
+            raise WorkerIdUnusable(f"mark file {mark_path} has no checksum and unexpected fields")
+        if doc["reserved_until_unix_ms"] != ms + self.layout.epoch_ms:
+            raise WorkerIdUnusable(f"mark file {mark_path} is inconsistent: its two times disagree")
+        return Mark(ms, token, holder, checked=checksum is not None)
+
+    def read_mark(self, worker_id: int) -> tuple[int, int]:
+        """``(reserved_until_ms, token)`` of a worker ID; ``(0, 0)`` if it has no mark."""
+        mark = self.mark(worker_id)
+        return (0, 0) if mark is None else (mark.reserved_until_ms, mark.token)
 
     def write_mark(self, worker_id: int, mark_ms: int, token: int, holder: str) -> None:
-        _, mark_path = self._paths(worker_id)
+        _, mark_path = self.paths(worker_id)
         doc = {
             "reserved_until_ms": mark_ms,
             "reserved_until_unix_ms": mark_ms + self.layout.epoch_ms,
             "token": token,
             "holder": holder,
         }
+        doc["checksum"] = mark_checksum(doc)
         write_atomic(mark_path, orjson.dumps(doc))
 
-    def try_claim(self, worker_id: int, holder: str, max_mark_ms: int | None) -> FileLease | None:
-        lock_path, _ = self._paths(worker_id)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    def recorded_tokens(self) -> dict[int, int]:
+        """The highest token a worker recorded per worker ID, from the preference files."""
+        return PreferenceFile.recorded_tokens(self.root, embedded_namespace(self.region))
+
+    # -- claiming -------------------------------------------------------------------
+
+    def _lock(self, lock_path: Path, *, create: bool) -> int | None:
+        """An fd holding the flock of ``lock_path``; None if it is locked by another.
+
+        Raises FileNotFoundError if it does not exist and ``create`` is false.
+        """
+        flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(lock_path, flags, 0o644)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StateDirError(f"cannot open lock file {lock_path}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 return None
-            raise
-        try:
-            mark_ms, token = self.read_mark(worker_id)
-            if max_mark_ms is not None and mark_ms > max_mark_ms:
-                os.close(fd)
+            # Anything else (ENOLCK, EINTR, ...) leaves us without the lock: never an unlocked lease.
+            raise StateDirError(f"cannot lock {lock_path}: {exc.strerror or exc}") from None
+        return fd
+
+    def try_claim(self, worker_id: int, holder: str, max_mark_ms: int | None) -> FileLease | None:
+        lock_path, mark_path = self.paths(worker_id)
+        with self.region_lock():
+            try:
+                fd = self._lock(lock_path, create=False)
+            except FileNotFoundError:
+                fd = None
+                if self.mark(worker_id) is None:
+                    floor = self.recorded_tokens().get(worker_id, 0)
+                    if floor:
+                        raise WorkerIdUnusable(
+                            f"worker ID {worker_id} has neither lock nor mark, but token {floor} was recorded "
+                            "for it: its state was deleted"
+                        ) from None
+                    # Never used. Its mark comes first, so a crash before the lock file
+                    # exists leaves a mark without a lock, which is usable.
+                    try:
+                        self.write_mark(worker_id, 0, 0, holder)
+                    except OSError as exc:
+                        raise StateDirError(f"cannot write mark file {mark_path}: {exc.strerror or exc}") from None
+                # The mark exists (its lock file was deleted, or never created).
+                fd = self._lock(lock_path, create=True)
+            if fd is None:
                 return None
-            token += 1
-            self.write_mark(worker_id, mark_ms, token, holder)
-        except BaseException:
-            os.close(fd)
-            raise
-        return FileLease(self, fd, worker_id, token, mark_ms, holder)
+            try:
+                st, at_path = os.fstat(fd), os.stat(lock_path)
+                if (st.st_dev, st.st_ino) != (at_path.st_dev, at_path.st_ino):
+                    raise StateDirError(f"lock file {lock_path} was replaced while claiming")
+                mark = self.mark(worker_id)
+                if mark is None:
+                    raise WorkerIdUnusable(
+                        f"worker ID {worker_id} has a lock file without a mark: it was used, but "
+                        "how far ahead is unknown"
+                    )
+                floor = self.recorded_tokens().get(worker_id, 0)
+                if mark.token < floor:
+                    raise WorkerIdUnusable(
+                        f"mark of worker ID {worker_id} carries token {mark.token}, below token {floor} "
+                        "recorded when it was claimed: the mark was rolled back"
+                    )
+                if max_mark_ms is not None and mark.reserved_until_ms > max_mark_ms:
+                    os.close(fd)
+                    return None
+                token = mark.token + 1
+                self.write_mark(worker_id, mark.reserved_until_ms, token, holder)  # rewritten with a checksum
+            except OSError as exc:
+                os.close(fd)
+                raise StateDirError(f"cannot claim worker ID {worker_id}: {exc.strerror or exc}") from None
+            except BaseException:
+                os.close(fd)
+                raise
+        return FileLease(self, fd, (st.st_dev, st.st_ino), worker_id, token, mark.reserved_until_ms, holder)
 
     def describe(self) -> dict:
         return {"store": "embedded", "state_dir": str(self.root)}

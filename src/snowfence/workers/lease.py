@@ -14,8 +14,10 @@ confirmed; the minter never waits for it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from ..errors import LeaseLost, SnowfenceError, StateDirError
 from ..ids import Layout
+from ..logs import event
 from .minter import NEVER_NS, Minter
 
 log = logging.getLogger("snowfence.lease")
@@ -87,6 +90,11 @@ class Store:
     #: our own clock, so the right answer is to wait for it, not to hop.
     skips_far_marks = False
 
+    def __init__(self) -> None:
+        #: Worker IDs the last claims passed over because their state cannot be
+        #: trusted, and why (shown in status).
+        self.passed_over: dict[int, str] = {}
+
     def check_layout(self, layout: Layout) -> None:
         """Record the layout if none is recorded; raise LayoutMismatch if it differs."""
         raise NotImplementedError
@@ -124,33 +132,109 @@ class Store:
                 try:
                     lease = self.try_claim(worker_id, holder, limit)
                 except StateDirError as exc:
-                    log.warning("passing over worker ID %d: %s", worker_id, exc)
+                    if self.passed_over.get(worker_id) != str(exc):
+                        event(
+                            log,
+                            "worker_id_passed_over",
+                            f"passing over worker ID {worker_id}: {exc}",
+                            level=logging.WARNING,
+                            worker_id=worker_id,
+                            reason=str(exc),
+                        )
+                    self.passed_over[worker_id] = str(exc)
                     continue
+                self.passed_over.pop(worker_id, None)
                 if lease is not None:
                     return lease
         return None
 
 
+def embedded_namespace(region: int) -> str:
+    """Where embedded mode's preference files of ``region`` live, under last-worker-id/."""
+    return f"embedded-r{region}"
+
+
+def node_key(bind: str) -> str:
+    """A file name for a node, stable across its restarts: from its bind endpoint."""
+    safe = re.sub(r"[^A-Za-z0-9.]+", "-", bind).strip("-")[:48]
+    return f"{safe}-{hashlib.sha256(bind.encode()).hexdigest()[:8]}"
+
+
 class PreferenceFile:
-    """The worker ID a worker slot held last, so a restart asks for it again."""
+    """The worker ID a worker slot claimed last, so a restart asks for it again.
+
+    One file per node and slot: ``last-worker-id/<namespace>/<node>/slot-N``.
+    Its first line is ``<worker ID> <token>`` of the last claim; the lines after
+    it keep the highest token this slot ever claimed each other worker ID with.
+    Those tokens are a record of how far each worker ID's token has gone: a mark
+    whose token is below a recorded one was rolled back.
+    """
 
     def __init__(self, state_dir: str | os.PathLike, namespace: str, name: str) -> None:
         self.path = Path(state_dir) / "last-worker-id" / namespace / name
 
-    def read(self) -> int | None:
-        try:
-            return int(self.path.read_text().strip())
-        except (OSError, ValueError):
-            return None
+    @staticmethod
+    def parse(text: str) -> list[tuple[int, int | None]]:
+        """``[(worker_id, token), ...]``, the last claim first; a token is None in
+        files that predate tokens."""
+        out = []
+        for line in text.splitlines():
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) > 2:
+                raise ValueError(f"expected 'WORKER_ID [TOKEN]', got {line!r}")
+            worker_id = int(parts[0])
+            token = int(parts[1]) if len(parts) == 2 else None
+            if worker_id < 0 or (token is not None and token < 0):
+                raise ValueError(f"negative number in {line!r}")
+            out.append((worker_id, token))
+        if not out:
+            raise ValueError("empty")
+        return out
 
-    def write(self, worker_id: int) -> None:
+    def _entries(self) -> list[tuple[int, int | None]]:
+        try:
+            return self.parse(self.path.read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return []
+
+    def read(self) -> int | None:
+        entries = self._entries()
+        return entries[0][0] if entries else None
+
+    def write(self, worker_id: int, token: int | None = None) -> None:
+        tokens = {w: t for w, t in self._entries() if t is not None}
+        if token is not None:
+            tokens[worker_id] = max(token, tokens.get(worker_id, token))
+        lines = [f"{worker_id} {tokens[worker_id]}" if worker_id in tokens else f"{worker_id}"]
+        lines += [f"{w} {t}" for w, t in sorted(tokens.items()) if w != worker_id]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(f"{worker_id}\n")
+            tmp.write_text("\n".join(lines) + "\n")
             os.replace(tmp, self.path)
-        except OSError as exc:  # a preference only limits churn; losing it is harmless
+        except OSError as exc:  # losing a preference costs churn and weakens the rollback check, no more
             log.warning("cannot record last worker ID in %s: %s", self.path, exc)
+
+    @staticmethod
+    def recorded_tokens(state_dir: str | os.PathLike, namespace: str) -> dict[int, int]:
+        """The highest token recorded per worker ID by any node's slots in ``namespace``."""
+        out: dict[int, int] = {}
+        base = Path(state_dir) / "last-worker-id" / namespace
+        try:
+            files = [p for p in base.rglob("slot-*") if p.suffix != ".tmp"]
+        except OSError:
+            return out
+        for path in files:
+            try:
+                entries = PreferenceFile.parse(path.read_text())
+            except (OSError, ValueError, UnicodeDecodeError):
+                continue
+            for worker_id, token in entries:
+                if token is not None and token > out.get(worker_id, -1):
+                    out[worker_id] = token
+        return out
 
 
 class Keeper(threading.Thread):

@@ -53,7 +53,7 @@ from ..logs import event
 from ..logs import setup as setup_logs
 from .clock import ForwardJumps, read_kernel_clock
 from .exits import Exit
-from .lease import Keeper, Lease, PreferenceFile, Store
+from .lease import Keeper, Lease, PreferenceFile, Store, embedded_namespace, node_key
 from .minter import Minter
 from .states import refusal_for
 
@@ -87,7 +87,9 @@ def open_store(config: Config) -> Store:
     if config.embedded:
         from .embedded import FileStore
 
-        return FileStore(config.state_dir, config.layout, config.region)
+        return FileStore(
+            config.state_dir, config.layout, config.region, allow_unsafe_filesystem=config.allow_unsafe_filesystem
+        )
     from .etcd import EtcdStore
 
     return EtcdStore(config)
@@ -169,7 +171,8 @@ class Worker:
         #: Set while a host-clock policy (kernel error bound, forward jump) forbids minting.
         self.clock_veto: str | None = None
         self._next_clock_check_ns = 0
-        namespace = f"embedded-r{config.region}" if config.embedded else f"etcd-{config.cluster}-r{config.region}"
+        namespace = embedded_namespace(config.region) if config.embedded else f"etcd-{config.cluster}-r{config.region}"
+        namespace += "/" + node_key(config.bind)  # never shared by two nodes on one state directory
         self.preferences = [
             PreferenceFile(config.state_dir, namespace, f"slot-{slot}" + (f"-{i}" if i else ""))
             for i in range(self.ids_wanted)
@@ -480,6 +483,9 @@ class Worker:
             "step_back_ms": self.step_back_hist,
             "kernel_clock": self.kernel_clock.to_dict() if self.kernel_clock else None,
             "clock_ahead_ms": self.jumps.ahead_ms,
+            "passed_over": [
+                {"worker_id": w, "reason": why} for w, why in sorted((self.store.passed_over if self.store else {}).items())
+            ],
         }
 
     # -- leases -------------------------------------------------------------------------
@@ -538,7 +544,7 @@ class Worker:
         )
         held = Held(lease, keeper, minter)
         self.held.append(held)
-        self.preferences[index].write(lease.worker_id)
+        self.preferences[index].write(lease.worker_id, lease.token)
         ahead_ms = lease.claimed_mark_ms - now_ms
         self.reason = f"holding worker ID {lease.worker_id}"
         event(
