@@ -259,7 +259,7 @@ class FileStore(Store):
         self.dir = self.root / "regions" / str(region)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            probe = self.dir / f".writable.{os.getpid()}"
+            probe = self.dir / f".writable.{os.getpid()}.{threading.get_ident()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
