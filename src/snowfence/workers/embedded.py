@@ -252,7 +252,6 @@ class FileStore(Store):
         *,
         allow_unsafe_filesystem: bool = False,
     ) -> None:
-        super().__init__()
         self.root = Path(state_dir)
         self.layout = layout
         self.region = layout.check_region(region)

@@ -188,7 +188,6 @@ class EtcdStore(Store):
 
     def __init__(self, config: Config) -> None:
         require_client()
-        super().__init__()
         self.config = config
         self.layout = config.layout
         self.region = self.layout.check_region(config.region)

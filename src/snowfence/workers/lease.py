@@ -90,10 +90,11 @@ class Store:
     #: our own clock, so the right answer is to wait for it, not to hop.
     skips_far_marks = False
 
-    def __init__(self) -> None:
-        #: Worker IDs the last claims passed over because their state cannot be
-        #: trusted, and why (shown in status).
-        self.passed_over: dict[int, str] = {}
+    @property
+    def passed_over(self) -> dict[int, str]:
+        """Worker IDs the last claims passed over because their state cannot be
+        trusted, and why (shown in status)."""
+        return self.__dict__.setdefault("_passed_over", {})
 
     def check_layout(self, layout: Layout) -> None:
         """Record the layout if none is recorded; raise LayoutMismatch if it differs."""
