@@ -86,11 +86,19 @@ class World:
     pythonpath: str | None = None  # run the nodes from another copy of the package (to break a guard)
     layout: Layout = LAYOUT
     layout_args: list = field(default_factory=lambda: list(LAYOUT_ARGS))
+    #: Embedded mode: no etcd; every node on one shared state directory.
+    embedded: bool = False
+    tampered: int = 0
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
 
     def start(self) -> World:
         """etcd, the clock table, and ``nodes_count`` nodes, each with all workers ready."""
         self.root.mkdir(parents=True, exist_ok=True)
-        self.etcd = EtcdCluster(self.root / "etcd", size=3).start()
+        if not self.embedded:
+            self.etcd = EtcdCluster(self.root / "etcd", size=3).start()
         self.clock = ClockTable(self.root / "clock-table", build_clockshim(self.root))
         self.proxies: dict[str, list[Proxy]] = {}
         self.nodes: dict[str, Node] = {}
@@ -104,19 +112,19 @@ class World:
         return {**self.clock.env(), **({"PYTHONPATH": self.pythonpath} if self.pythonpath else {})}
 
     def add_node(self, name: str) -> Node:
-        """Start a node that reaches etcd only through proxies of its own."""
-        self.proxies[name] = [Proxy("127.0.0.1", m.client_port) for m in self.etcd.members]
-        args = [
-            "--etcd",
-            ",".join(p.url for p in self.proxies[name]),
-            "--cluster",
-            "chaos",
-            "--log-format",
-            "json",
-            *self.layout_args,
-            *TIMING_ARGS,
-        ]
-        node = self.nodes[name] = Node(self.root, name, workers=self.workers, args=tuple(args), env=self._env())
+        """Start a node that reaches etcd only through proxies of its own (or, embedded,
+        one on the shared state directory)."""
+        if self.embedded:
+            self.proxies[name] = []
+            store_args, state_dir = [], self.state_dir
+        else:
+            self.proxies[name] = [Proxy("127.0.0.1", m.client_port) for m in self.etcd.members]
+            store_args = ["--etcd", ",".join(p.url for p in self.proxies[name]), "--cluster", "chaos"]
+            state_dir = None
+        args = [*store_args, "--log-format", "json", *self.layout_args, *TIMING_ARGS]
+        node = self.nodes[name] = Node(
+            self.root, name, workers=self.workers, state_dir=state_dir, args=tuple(args), env=self._env()
+        )
         return node.start()
 
     def start_recorders(self) -> None:
@@ -314,6 +322,54 @@ def fault_partition_node(w: World, rng: random.Random) -> str:
     return node.name
 
 
+def held_worker_ids(w: World) -> list[int]:
+    return sorted(
+        h["worker_id"]
+        for node in w.live_nodes()
+        for h in node.status()["workers"]
+        if h.get("worker_id") is not None and h.get("in_rotation")
+    )
+
+
+def fault_state_dir_tampered(w: World, rng: random.Random) -> str:
+    """Embedded mode: a cleanup job or an operator changes the state directory under running nodes.
+
+    Its lock files removed (then another node could lock new ones at the same paths),
+    or a held worker ID's mark removed, damaged, or put back to an older copy of itself.
+    """
+    region = w.state_dir / "regions" / "0"
+    wid = rng.choice(wait_for(lambda: held_worker_ids(w), 10, what="a held worker ID"))
+    mark = region / f"worker-{wid}.mark"
+    how = TAMPERINGS[w.tampered % len(TAMPERINGS)]  # each kind in turn
+    w.tampered += 1
+    lost_before = sum(n.log().count('"lease_exclusivity_lost"') for n in w.nodes.values())
+    if how == "locks_removed":
+        for lock in region.glob("*.lock"):
+            lock.unlink()
+    elif how == "mark_removed":
+        mark.unlink()
+    elif how == "mark_damaged":
+        mark.write_bytes(mark.read_bytes()[:-7])
+    else:
+        older = mark.read_bytes()
+        _sleep(1.0)  # the holder extends past this copy meanwhile
+        mark.write_bytes(older)
+    _sleep(1.5)  # longer than the keepalive interval: every holder has checked
+    lost = sum(n.log().count('"lease_exclusivity_lost"') for n in w.nodes.values()) - lost_before
+    return f"{how if how == 'locks_removed' else f'{how} of {wid}'}: {lost} let go"
+
+
+TAMPERINGS = ("locks_removed", "mark_removed", "mark_damaged", "mark_set_back")
+
+
+#: Faults that apply to embedded mode (a shared state directory, no etcd).
+EMBEDDED_FAULTS = {
+    "state_dir_tampered": fault_state_dir_tampered,
+    "kill_worker": fault_kill_worker,
+    "kill_node": fault_kill_node,
+}
+
+
 FAULTS = {
     "kill_worker": fault_kill_worker,
     "kill_node": fault_kill_node,
@@ -344,9 +400,10 @@ def run_faults(
 ) -> list[FaultRecord]:
     """Apply faults one after another; after each, wait for full service."""
     records = []
+    faults = EMBEDDED_FAULTS if w.embedded else FAULTS
     for kind in kinds:
         start = mono_ns()
-        target = FAULTS[kind](w, rng)
+        target = faults[kind](w, rng)
         rec = FaultRecord(kind, target, start, mono_ns())
         try:
             wait_for(w.full_service, full_service_timeout_s, interval_s=0.1, what=f"full service after {kind}")
@@ -561,14 +618,27 @@ SHORT = [
 ]
 
 
-def long_schedule(rng: random.Random, minutes: float):
+#: Embedded mode's short profile: the state directory tampered with four times (the
+#: kind of tampering is drawn from the seed), between a killed worker and node.
+EMBEDDED_SHORT = [
+    "state_dir_tampered",
+    "kill_worker",
+    "state_dir_tampered",
+    "state_dir_tampered",
+    "kill_node",
+    "state_dir_tampered",
+]
+
+
+def long_schedule(rng: random.Random, minutes: float, faults: dict | None = None):
     """Every kind once, in random order, then random faults until ``minutes`` have passed."""
+    faults = FAULTS if faults is None else faults
     deadline = time.monotonic() + minutes * 60
-    kinds = list(FAULTS)
+    kinds = list(faults)
     rng.shuffle(kinds)
     yield from kinds
     while time.monotonic() < deadline:
-        yield rng.choice(list(FAULTS))
+        yield rng.choice(list(faults))
 
 
 def run(root: Path, kinds, seed: int = 1, log=print, **world_kw) -> Verdict:
@@ -578,7 +648,8 @@ def run(root: Path, kinds, seed: int = 1, log=print, **world_kw) -> Verdict:
     try:
         w.start()
         w.start_recorders()
-        log(f"world up: 3 etcd members, {w.nodes_count} nodes x {w.workers} workers, {w.clients} clients")
+        store = "one shared state directory" if w.embedded else "3 etcd members"
+        log(f"world up: {store}, {w.nodes_count} nodes x {w.workers} workers, {w.clients} clients")
         time.sleep(1.0)
         started = time.monotonic()
         faults = run_faults(w, kinds, rng, log=log)

@@ -1,6 +1,7 @@
 """Run a fault profile and check that nothing was minted twice.
 
     python tests/chaos/run.py --profile short            # a few minutes (what CI runs)
+    python tests/chaos/run.py --profile embedded         # embedded mode, its state directory tampered
     python tests/chaos/run.py --profile long --minutes 10 --seed 3
     python tests/chaos/run.py --break mark-wait          # show the checker catching a broken guard
 
@@ -24,7 +25,7 @@ import chaos  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", choices=["short", "long"], default="short")
+    parser.add_argument("--profile", choices=["short", "long", "embedded", "embedded-long"], default="short")
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the long profile")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
@@ -39,6 +40,13 @@ def main() -> int:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="snowfence-chaos-"))
     if args.guard:
         verdict = chaos.skewed_takeover(root / "run", pythonpath=chaos.broken_copy(root, args.guard))
+    elif args.profile.startswith("embedded"):
+        if args.profile == "embedded":
+            kinds = chaos.EMBEDDED_SHORT
+        else:
+            kinds = chaos.long_schedule(random.Random(args.seed), args.minutes, chaos.EMBEDDED_FAULTS)
+        verdict = chaos.run(root / "run", kinds, seed=args.seed, nodes_count=2, embedded=True)
+        print(chaos.report(verdict))
     else:
         kinds = chaos.SHORT if args.profile == "short" else chaos.long_schedule(random.Random(args.seed), args.minutes)
         verdict = chaos.run(root / "run", kinds, seed=args.seed)

@@ -27,6 +27,17 @@ def test_short_profile_nothing_is_minted_twice(tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_embedded_mode_with_its_state_directory_tampered_mints_nothing_twice(tmp_path):
+    verdict = chaos.run(tmp_path / "run", chaos.EMBEDDED_SHORT, seed=1, nodes_count=2, embedded=True)
+    print(chaos.report(verdict))
+    assert verdict.ok, chaos.report(verdict)
+    assert verdict.ids > 100_000 and verdict.outcomes["ok"] > 500
+    assert {f["kind"] for f in verdict.faults} == set(chaos.EMBEDDED_FAULTS), "every fault kind was applied"
+    never = [f["kind"] for f in verdict.faults if f["to_full_service_s"] is None]
+    assert not never, f"no full service after {never}"
+
+
+@pytest.mark.timeout(300)
 def test_skewed_takeover_with_the_mark_intact_repeats_nothing(tmp_path):
     verdict = chaos.skewed_takeover(tmp_path / "run")
     assert verdict.ok, chaos.report(verdict)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -176,6 +178,15 @@ def test_a_worker_id_whose_mark_is_missing_or_stale_is_passed_over_not_reused_be
     reason = "without a mark" if how == "deleted" else "below token"
     assert all(reason in skipped[w] for w in used), skipped
     assert "worker_id_passed_over" in again.log()
+    shown = subprocess.run(
+        [sys.executable, "-m", "snowfence", "status", "--connect", again.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert shown.returncode == 0, shown.stderr
+    for w in used:
+        assert f"passed over worker ID {w}: " in shown.stdout and reason in shown.stdout, shown.stdout
 
 
 def test_two_nodes_starting_at_once_with_different_layouts_cannot_both_serve(nodes, fsshim, tmp_path):

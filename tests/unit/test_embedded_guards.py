@@ -39,9 +39,7 @@ def region(tmp_path):
 
 def keeper_for(lease, clock=None):
     clock = clock or FakeClock()
-    minter = Minter(
-        DEFAULT_LAYOUT, 0, lease.worker_id, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep
-    )
+    minter = Minter(DEFAULT_LAYOUT, 0, lease.worker_id, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
     minter.start_after(lease.claimed_mark_ms)
     events = []
     keeper = Keeper(
@@ -105,17 +103,42 @@ def test_a_mark_taken_over_by_another_token_loses_the_lease(tmp_path):
     assert s.read_mark(0) == (100, lease.token + 1)
 
 
-def test_a_mark_removed_or_set_back_under_the_holder_loses_the_lease(tmp_path):
+@pytest.mark.parametrize("how", ["removed", "set_back", "rolled_back", "corrupted"])
+def test_a_mark_damaged_under_its_holder_is_restored_and_the_lease_let_go(tmp_path, how):
     s = store(tmp_path)
     lease = s.try_claim(0, HOLDER, None)
     lease.extend(5_000)
-    s.write_mark(0, 4_000, lease.token, HOLDER)  # an older copy put back
-    with pytest.raises(LeaseLost, match="set back"):
+    mark = region(tmp_path) / "worker-0.mark"
+    if how == "removed":
+        mark.unlink()
+    elif how == "set_back":
+        s.write_mark(0, 4_000, lease.token, HOLDER)  # an older copy put back
+    elif how == "rolled_back":
+        s.write_mark(0, 4_000, lease.token - 1, "earlier")
+    else:
+        mark.write_bytes(b"\0" * 20)
+    with pytest.raises(LeaseLost, match="restored it to 5000 ms"):
         lease.refresh()
+    # Only the holder knew how far it had gone; it put that back before letting go.
+    assert s.read_mark(0) == (5_000, lease.token)
+    lease.abandon()
+    again = s.try_claim(0, HOLDER, None)
+    assert again.claimed_mark_ms == 5_000 and again.token == lease.token + 1
+
+
+def test_a_stale_holder_restores_nothing_once_another_process_claimed(tmp_path):
+    s = store(tmp_path)
+    old = s.try_claim(0, HOLDER, None)
+    old.extend(5_000)
+    (region(tmp_path) / "worker-0.lock").unlink()
+    new = s.try_claim(0, "second", None)
     (region(tmp_path) / "worker-0.mark").unlink()
-    with pytest.raises(LeaseLost, match="removed"):
-        lease.extend(6_000)
-    assert not (region(tmp_path) / "worker-0.mark").exists(), "no mark is made up"
+    with pytest.raises(LeaseLost, match="replaced"):
+        old.refresh()
+    assert not (region(tmp_path) / "worker-0.mark").exists(), "the stale holder wrote nothing"
+    with pytest.raises(LeaseLost, match="restored"):
+        new.refresh()  # the current holder knows its mark
+    assert s.read_mark(0) == (5_000, new.token)
 
 
 def test_a_holder_that_checks_out_keeps_extending(tmp_path):

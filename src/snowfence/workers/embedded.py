@@ -179,7 +179,14 @@ class FileLease(Lease):
         return LeaseLost(f"worker ID {self.worker_id}: {why}")
 
     def check(self) -> None:
-        """Raise LeaseLost unless our lock file is at its path and the mark carries our token."""
+        """Raise LeaseLost unless our lock file is at its path and the mark carries our token.
+
+        Called under the region lock. If the lock file at the path is still ours but
+        the mark was removed, damaged, set back or rolled back to an older token, no
+        other process can have claimed the worker ID since (a claim needs our flock
+        and raises the token), so we alone know its mark: we put it back before
+        letting go, so the next owner waits for every millisecond we may have used.
+        """
         lock_path, mark_path = self._store.paths(self.worker_id)
         try:
             st = os.stat(lock_path)
@@ -192,18 +199,30 @@ class FileLease(Lease):
         try:
             mark = self._store.mark(self.worker_id)
         except WorkerIdUnusable as exc:
-            raise self._lost(str(exc)) from None
-        if mark is None:
-            raise self._lost(f"its mark file {mark_path} was removed")
-        if mark.token != self.token:
-            raise self._lost(f"its mark carries token {mark.token}, not ours ({self.token}): another process claimed it")
-        if mark.reserved_until_ms < self.reserved_until_ms:
-            raise self._lost(
-                f"its mark was set back to {mark.reserved_until_ms} ms below the persisted {self.reserved_until_ms} ms"
-            )
+            problem = str(exc)
+        else:
+            if mark is None:
+                problem = f"its mark file {mark_path} was removed"
+            elif mark.token > self.token:
+                raise self._lost(
+                    f"its mark carries token {mark.token}, not ours ({self.token}): another process claimed it"
+                )
+            elif mark.token < self.token:
+                problem = f"its mark was rolled back to token {mark.token}"
+            elif mark.reserved_until_ms < self.reserved_until_ms:
+                problem = f"its mark was set back to {mark.reserved_until_ms} ms, below our {self.reserved_until_ms} ms"
+            else:
+                return
+        try:
+            self._store.write_mark(self.worker_id, self.reserved_until_ms, self.token, self.holder)
+            problem += f"; restored it to {self.reserved_until_ms} ms"
+        except OSError as exc:
+            problem += f"; could not restore it ({exc.strerror or exc})"
+        raise self._lost(problem)
 
     def refresh(self) -> None:
-        self.check()
+        with self._store.region_lock():
+            self.check()
 
     def _checked_write(self, mark_ms: int) -> None:
         """Compare, then rename, under the region lock: a second holder cannot interleave."""

@@ -483,10 +483,11 @@ class Worker:
             "step_back_ms": self.step_back_hist,
             "kernel_clock": self.kernel_clock.to_dict() if self.kernel_clock else None,
             "clock_ahead_ms": self.jumps.ahead_ms,
-            "passed_over": [
-                {"worker_id": w, "reason": why} for w, why in sorted((self.store.passed_over if self.store else {}).items())
-            ],
+            "passed_over": [{"worker_id": w, "reason": why} for w, why in sorted(self._passed_over().items())],
         }
+
+    def _passed_over(self) -> dict[int, str]:
+        return self.store.passed_over if self.store is not None else {}
 
     # -- leases -------------------------------------------------------------------------
 
