@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 
 from .. import protocol
-from ..errors import Overloaded, SnowfenceError
+from ..errors import SnowfenceError
 from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
@@ -27,8 +27,10 @@ from .core import (
     Block,
     ClientBase,
     Pending,
+    PrefetchDepth,
     ReserveJob,
-    apply_reply,
+    ReserveRound,
+    StatusRound,
 )
 
 
@@ -125,84 +127,59 @@ class AsyncClient(ClientBase):
 
     async def _reserve(self, n: int, *, after: int | None = None, chunk: int = protocol.MAX_BLOCK) -> list[Block]:
         job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
-        core = self._core
+        round_ = ReserveRound(self, job)
         waiting: dict[asyncio.Future, Pending] = {}
         try:
-            while not job.done:
+            while not round_.done:
                 now = time.monotonic_ns()
-                for count in job.to_send():
-                    pending, frame = core.reserve(count, now + self._timeout_ns, job, job.after)
+                for pending, frame in round_.requests(now):
                     waiting[await self._ask(pending, frame)] = pending
-                deadline = min(p.deadline_ns for p in waiting.values())
                 done, _ = await asyncio.wait(
                     waiting,
-                    timeout=max(0.0, (deadline - time.monotonic_ns()) / 1e9),
+                    timeout=max(0.0, (round_.deadline_ns(now) - time.monotonic_ns()) / 1e9),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                backoff = 0.0
                 for future in done:
                     pending = waiting.pop(future)
                     matched = future.result()
-                    if matched is None:  # the socket was reset under it: ask again
-                        job.requeue(pending.count)
-                        continue
-                    delay = apply_reply(job, matched[0], matched[1])
-                    if delay:
-                        backoff = max(backoff, delay)
-                expired = [(f, p) for f, p in waiting.items() if p.deadline_ns <= time.monotonic_ns()]
-                if expired:
-                    for future, _ in expired:
-                        del waiting[future]
-                    silent = self._never_answered()
-                    if silent is not None:
-                        raise silent
-                    for _, p in expired:
-                        if not job.on_lost(p.count, self._timeout()):
-                            raise job.last_error
-                    self._requeue_all(job, waiting)
+                    if matched is None:  # the socket was reset under it
+                        round_.on_dropped(pending)
+                    else:
+                        round_.on_reply(*matched)
+                reset, sleep_s = round_.settle(time.monotonic_ns())
+                if reset:
+                    self._forget_waiters(waiting)
                     self._reset()
-                elif backoff:
-                    if len(self.endpoints) > 1 and not isinstance(job.last_error, Overloaded):
-                        self._requeue_all(job, waiting)
-                        self._reset()
-                    await asyncio.sleep(backoff)
+                if sleep_s:
+                    await asyncio.sleep(sleep_s)
         except BaseException:
-            for pending in waiting.values():
-                self._waiters.pop(pending.request_id, None)
-            core.abandon(list(waiting.values()))
+            round_.abandon()
+            self._forget_waiters(waiting)
             raise
         return job.result()
 
-    def _requeue_all(self, job: ReserveJob, waiting: dict) -> None:
+    def _forget_waiters(self, waiting: dict[asyncio.Future, Pending]) -> None:
         for pending in waiting.values():
-            job.requeue(pending.count)
             self._waiters.pop(pending.request_id, None)
-        self._core.abandon(list(waiting.values()))
         waiting.clear()
 
     async def status(self) -> dict:
         """The broker's view of itself and its workers."""
-        endpoint = self.endpoint
-        for _ in range(self.retries + 1):
-            pending, frame = self._core.status(time.monotonic_ns() + self._timeout_ns)
-            endpoint = self.endpoint
+        round_ = StatusRound(self)
+        while True:
+            pending, frame = round_.request(time.monotonic_ns())
             future = await self._ask(pending, frame)
             try:
                 matched = await asyncio.wait_for(future, self.timeout_s)
             except TimeoutError:
                 self._waiters.pop(pending.request_id, None)
                 self._reset()
-                silent = self._never_answered()
-                if silent is not None:
-                    raise silent
+                round_.on_lost()
                 continue
-            if matched is None:
+            if matched is None:  # the socket was reset under it
+                round_.on_lost(timed_out=False)
                 continue
-            reply = matched[1]
-            if reply.error is not None:
-                raise reply.error
-            return reply.status
-        raise self._timeout("status reply", endpoint)
+            return round_.on_reply(matched[1])
 
     async def ids(
         self, batch: int = protocol.MAX_BLOCK, prefetch: int = 64, max_age_s: float | None = 1.0
@@ -213,21 +190,19 @@ class AsyncClient(ClientBase):
         consumer between 1 and ``prefetch``, and blocks older than ``max_age_s``
         when their turn comes are dropped.
         """
-        if not 1 <= batch <= protocol.MAX_BLOCK or prefetch < 1:
-            raise ValueError(f"need 1 <= batch <= {protocol.MAX_BLOCK} and prefetch >= 1")
-        max_age_ns = None if max_age_s is None else int(max_age_s * 1e9)
+        depth = PrefetchDepth(batch, prefetch, max_age_s)
         blocks: collections.deque[tuple[int, range]] = collections.deque()
-        state = {"target": min(2, prefetch), "error": None}
+        state: dict = {"error": None}
         wanted = asyncio.Event()
         arrived = asyncio.Event()
 
         async def refill() -> None:
             try:
                 while True:
-                    while len(blocks) >= state["target"]:
+                    while not depth.wanted_ids(len(blocks)):
                         wanted.clear()
                         await wanted.wait()
-                    got = await self._reserve((state["target"] - len(blocks)) * batch, chunk=batch)
+                    got = await self._reserve(depth.wanted_ids(len(blocks)), chunk=batch)
                     now = time.monotonic_ns()
                     blocks.extend((now, b.range()) for b in got)
                     arrived.set()
@@ -241,14 +216,13 @@ class AsyncClient(ClientBase):
                 while not blocks:
                     if state["error"] is not None:
                         raise state["error"]
-                    state["target"] = min(prefetch, state["target"] * 2)
+                    depth.starved()
                     arrived.clear()
                     wanted.set()
                     await arrived.wait()
                 fetched_ns, ids = blocks.popleft()
                 wanted.set()
-                if max_age_ns is not None and time.monotonic_ns() - fetched_ns > max_age_ns:
-                    state["target"] = max(1, state["target"] // 2)
+                if depth.stale(fetched_ns, time.monotonic_ns()):
                     continue
                 for id_ in ids:
                     yield id_

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 import zmq
 
 from .. import protocol
-from ..errors import Overloaded, SnowfenceError
+from ..errors import SnowfenceError
 from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
@@ -26,8 +26,10 @@ from .core import (
     Block,
     ClientBase,
     Pending,
+    PrefetchDepth,
     ReserveJob,
-    apply_reply,
+    ReserveRound,
+    StatusRound,
 )
 
 
@@ -81,9 +83,7 @@ class Client(ClientBase):
         The iterator is for one thread; each thread may call ``ids()`` for its
         own. It stops refilling when the client is closed.
         """
-        if not 1 <= batch <= protocol.MAX_BLOCK or prefetch < 1:
-            raise ValueError(f"need 1 <= batch <= {protocol.MAX_BLOCK} and prefetch >= 1")
-        fetcher = Prefetcher(self, batch=batch, depth=prefetch, max_age_s=max_age_s)
+        fetcher = Prefetcher(self, PrefetchDepth(batch, prefetch, max_age_s))
         self._prefetchers.append(fetcher)
         # chain over iter(callable, sentinel): both run in C, so each ID costs what
         # iterating a range costs; Python runs only once per block, in take().
@@ -92,22 +92,14 @@ class Client(ClientBase):
     def status(self) -> dict:
         """The broker's view of itself and its workers."""
         with self._lock:
-            attempts = 0
+            round_ = StatusRound(self)
             while True:
-                pending, frame = self._core.status(time.monotonic_ns() + self._timeout_ns)
-                endpoint = self.endpoint
+                pending, frame = round_.request(time.monotonic_ns())
                 self._socket().send(frame)
                 reply = self._await(pending)
                 if reply is not None:
-                    if reply.error is not None:
-                        raise reply.error
-                    return reply.status
-                attempts += 1
-                silent = self._never_answered()
-                if silent is not None:
-                    raise silent
-                if attempts > self.retries:
-                    raise self._timeout("status reply", endpoint)
+                    return round_.on_reply(reply)
+                round_.on_lost()
 
     def close(self) -> None:
         for fetcher in self._prefetchers:
@@ -157,17 +149,14 @@ class Client(ClientBase):
 
     def _run(self, job: ReserveJob) -> None:
         core = self._core
-        mine = lambda: [p for p in core.inflight.values() if p.job is job]  # noqa: E731
+        round_ = ReserveRound(self, job)
         try:
-            while not job.done:
+            while not round_.done:
                 sock = self._socket()
                 now = time.monotonic_ns()
-                for count in job.to_send():
-                    pending, frame = core.reserve(count, now + self._timeout_ns, job, job.after)
+                for _, frame in round_.requests(now):
                     sock.send(frame)
-                deadline = min((p.deadline_ns for p in mine()), default=now)
-                wait_ms = max(0, (deadline - now) // 1_000_000)
-                backoff = 0.0
+                wait_ms = max(0, (round_.deadline_ns(now) - now) // 1_000_000)
                 if sock.poll(wait_ms, zmq.POLLIN):
                     while True:
                         try:
@@ -175,33 +164,16 @@ class Client(ClientBase):
                         except zmq.Again:
                             break
                         matched = core.match(body)
-                        if matched is None or matched[0].job is not job:
-                            continue
-                        backoff = max(backoff, apply_reply(job, *matched))
-                expired = [p for p in mine() if p.deadline_ns <= time.monotonic_ns()]
-                if expired:
-                    core.abandon(expired)
-                    silent = self._never_answered()
-                    if silent is not None:
-                        raise silent
-                    for p in expired:
-                        if not job.on_lost(p.count, self._timeout()):
-                            raise job.last_error
-                    self._requeue_and_reset(job, mine())
-                elif backoff:
-                    if len(self.endpoints) > 1 and not isinstance(job.last_error, Overloaded):
-                        self._requeue_and_reset(job, mine())
-                    time.sleep(backoff)
+                        if matched is not None and matched[0].job is job:
+                            round_.on_reply(*matched)
+                reset, sleep_s = round_.settle(time.monotonic_ns())
+                if reset:
+                    self._reset(rotate=True)
+                if sleep_s:
+                    time.sleep(sleep_s)
         except BaseException:
-            core.abandon(mine())
+            round_.abandon()
             raise
-
-    def _requeue_and_reset(self, job: ReserveJob, pendings: list[Pending]) -> None:
-        """Reset the socket; the job's other requests in flight are asked again."""
-        self._core.abandon(pendings)
-        for p in pendings:
-            job.requeue(p.count)
-        self._reset(rotate=True)
 
 
 class Prefetcher:
@@ -212,15 +184,14 @@ class Prefetcher:
     the caller's requests. ``take`` is safe from any thread.
     """
 
-    def __init__(self, client: Client, *, batch: int, depth: int, max_age_s: float | None) -> None:
-        self.batch = batch
+    def __init__(self, client: Client, depth: PrefetchDepth) -> None:
         self.depth = depth
-        #: Blocks to keep in hand now: adapts between 1 and ``depth``.
-        self.target = min(2, depth)
-        self.max_age_ns = None if max_age_s is None else int(max_age_s * 1e9)
-        self.dropped = 0
         self._source = Client(
-            client.endpoints, timeout_s=client.timeout_s, retries=client.retries, window=depth, context=client._ctx
+            client.endpoints,
+            timeout_s=client.timeout_s,
+            retries=client.retries,
+            window=depth.depth,
+            context=client._ctx,
         )
         self._source.curve = client.curve
         self._blocks: collections.deque[tuple[int, range]] = collections.deque()
@@ -237,16 +208,14 @@ class Prefetcher:
                 while self._blocks:
                     fetched_ns, ids = self._blocks.popleft()
                     self._cond.notify()
-                    if self.max_age_ns is not None and time.monotonic_ns() - fetched_ns > self.max_age_ns:
-                        self.dropped += 1
-                        self.target = max(1, self.target // 2)
+                    if self.depth.stale(fetched_ns, time.monotonic_ns()):
                         continue
                     return ids
                 if self._error is not None:
                     raise self._error
                 if self._closed:
                     raise ValueError("the client was closed")
-                self.target = min(self.depth, self.target * 2)
+                self.depth.starved()
                 self._cond.notify()
                 self._cond.wait(1.0)
 
@@ -254,12 +223,12 @@ class Prefetcher:
         try:
             while True:
                 with self._cond:
-                    while len(self._blocks) >= self.target and not self._closed:
+                    while not self.depth.wanted_ids(len(self._blocks)) and not self._closed:
                         self._cond.wait(1.0)
                     if self._closed:
                         return
-                    want = self.target - len(self._blocks)
-                blocks = self._source._reserve(want * self.batch, chunk=self.batch)
+                    want = self.depth.wanted_ids(len(self._blocks))
+                blocks = self._source._reserve(want, chunk=self.depth.batch)
                 now = time.monotonic_ns()
                 with self._cond:
                     self._blocks.extend((now, b.range()) for b in blocks)

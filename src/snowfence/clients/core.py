@@ -2,8 +2,12 @@
 
 Nothing here touches a socket or a clock; the blocking and asyncio clients feed
 it reply bodies and the monotonic time, and do what it says. That keeps the
-rules (how a large reservation is split, what a partial grant means, which
-errors are retried, when a connection must be reset) in one place.
+rules in one place: how a large reservation is split, what a partial grant
+means, which errors are retried and after what back-off, when a timeout gives
+up, when the connection is reset and the next endpoint tried
+(:class:`ReserveRound`), how often STATUS is asked again (:class:`StatusRound`),
+and how many blocks ``ids()`` keeps in hand (:class:`PrefetchDepth`). The two
+clients differ only in how they wait.
 """
 
 from __future__ import annotations
@@ -337,6 +341,159 @@ def apply_reply(job: ReserveJob, pending: Pending, reply: protocol.Reply) -> flo
     if not err.retriable or not job.on_lost(pending.count, err):
         raise err
     return job.backoff_s()
+
+
+class ReserveRound:
+    """One ``reserve(n)`` on a client: its requests on the wire, and what a reply, a
+    timeout, a refusal or a reset under it means for them.
+
+    The client's loop: send :meth:`requests`, wait until :meth:`deadline_ns` for
+    replies and feed each to :meth:`on_reply` (or :meth:`on_dropped` for a
+    request whose socket was reset under it), then call :meth:`settle`, which says
+    whether to reset the connection (to the next endpoint) and how long to sleep.
+    Errors that end the reservation are raised from these calls; the client then
+    calls :meth:`abandon`.
+    """
+
+    def __init__(self, client: ClientBase, job: ReserveJob) -> None:
+        self.client = client
+        self.job = job
+        #: This round's requests on the wire, by request id.
+        self.waiting: dict[int, Pending] = {}
+        self._backoff_s = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.job.done
+
+    def requests(self, now_ns: int) -> list[tuple[Pending, bytes]]:
+        """The requests to send now, each with its deadline set."""
+        out = []
+        deadline_ns = now_ns + self.client._timeout_ns
+        for count in self.job.to_send():
+            pending, frame = self.client._core.reserve(count, deadline_ns, self.job, self.job.after)
+            self.waiting[pending.request_id] = pending
+            out.append((pending, frame))
+        return out
+
+    def deadline_ns(self, now_ns: int) -> int:
+        """Until when to wait for replies."""
+        return min((p.deadline_ns for p in self.waiting.values()), default=now_ns)
+
+    def on_reply(self, pending: Pending, reply: protocol.Reply) -> None:
+        """A reply to one of this round's requests (raises what ends the reservation)."""
+        if self.waiting.pop(pending.request_id, None) is None:
+            return
+        self._backoff_s = max(self._backoff_s, apply_reply(self.job, pending, reply))
+
+    def on_dropped(self, pending: Pending) -> None:
+        """The request's socket was reset (by another request's timeout): ask again."""
+        if self.waiting.pop(pending.request_id, None) is not None:
+            self.job.requeue(pending.count)
+
+    def settle(self, now_ns: int) -> tuple[bool, float]:
+        """After a wait: (reset the connection?, seconds to sleep before going on).
+
+        A request past its deadline is a failed attempt; the connection is reset
+        and the round's other requests are asked again on the next endpoint
+        (nothing more can come on the old socket). If no endpoint has ever
+        replied, the round gives up after one timeout per endpoint. After a
+        retriable refusal the round backs off, and with other endpoints to try it
+        moves on to the next, except after ``overloaded``: that server is up and
+        has said when to come back.
+        """
+        client, job = self.client, self.job
+        backoff, self._backoff_s = self._backoff_s, 0.0
+        expired = [p for p in self.waiting.values() if p.deadline_ns <= now_ns]
+        if expired:
+            for p in expired:
+                del self.waiting[p.request_id]
+            client._core.abandon(expired)
+            silent = client._never_answered()
+            if silent is not None:
+                raise silent
+            for p in expired:
+                if not job.on_lost(p.count, client._timeout()):
+                    raise job.last_error
+            self._requeue_all()
+            return True, 0.0
+        if backoff and len(client.endpoints) > 1 and not isinstance(job.last_error, Overloaded):
+            self._requeue_all()
+            return True, backoff
+        return False, backoff
+
+    def _requeue_all(self) -> None:
+        self.client._core.abandon(list(self.waiting.values()))
+        for p in self.waiting.values():
+            self.job.requeue(p.count)
+        self.waiting.clear()
+
+    def abandon(self) -> list[Pending]:
+        """The reservation ended early: forget its requests (returned, for the client's own records)."""
+        gone = list(self.waiting.values())
+        self.client._core.abandon(gone)
+        self.waiting.clear()
+        return gone
+
+
+class StatusRound:
+    """One ``status()``: asked again after a timeout, up to the client's retries."""
+
+    def __init__(self, client: ClientBase) -> None:
+        self.client = client
+        self.attempts = 0
+        self.endpoint = client.endpoint
+
+    def request(self, now_ns: int) -> tuple[Pending, bytes]:
+        self.endpoint = self.client.endpoint
+        return self.client._core.status(now_ns + self.client._timeout_ns)
+
+    @staticmethod
+    def on_reply(reply: protocol.Reply) -> dict:
+        if reply.error is not None:
+            raise reply.error
+        return reply.status
+
+    def on_lost(self, timed_out: bool = True) -> None:
+        """No reply (the client has reset its connection); raises when it is time to give up."""
+        self.attempts += 1
+        if timed_out:
+            silent = self.client._never_answered()
+            if silent is not None:
+                raise silent
+        if self.attempts > self.client.retries:
+            raise self.client._timeout("status reply", self.endpoint)
+
+
+class PrefetchDepth:
+    """How many blocks ``ids()`` keeps in hand: between 1 and ``depth``, doubling
+    when the consumer had to wait and halving when a block went stale (older than
+    ``max_age_s`` when its turn came; None keeps every block)."""
+
+    def __init__(self, batch: int, depth: int, max_age_s: float | None) -> None:
+        if not 1 <= batch <= protocol.MAX_BLOCK or depth < 1:
+            raise ValueError(f"need 1 <= batch <= {protocol.MAX_BLOCK} and prefetch >= 1")
+        self.batch = batch
+        self.depth = depth
+        self.target = min(2, depth)
+        self.max_age_ns = None if max_age_s is None else int(max_age_s * 1e9)
+        self.dropped = 0
+
+    def starved(self) -> None:
+        """The consumer found nothing in hand."""
+        self.target = min(self.depth, self.target * 2)
+
+    def stale(self, fetched_ns: int, now_ns: int) -> bool:
+        """Whether a block fetched at ``fetched_ns`` is too old to hand out now (and is dropped)."""
+        if self.max_age_ns is None or now_ns - fetched_ns <= self.max_age_ns:
+            return False
+        self.dropped += 1
+        self.target = max(1, self.target // 2)
+        return True
+
+    def wanted_ids(self, in_hand: int) -> int:
+        """IDs to reserve now with ``in_hand`` blocks held (0: enough)."""
+        return max(0, self.target - in_hand) * self.batch
 
 
 def as_array(blocks: list[Block]):

@@ -1,0 +1,225 @@
+"""The clients' round policy, without a socket: what a reply, a timeout, a refusal
+or ``overloaded`` makes a reservation (or a status request) do next, and how many
+blocks ``ids()`` keeps in hand. Both clients run these same objects."""
+
+from __future__ import annotations
+
+import pytest
+
+from snowfence import protocol
+from snowfence.clients.core import BACKOFF_MAX_S, ClientBase, PrefetchDepth, ReserveJob, ReserveRound, StatusRound
+from snowfence.errors import BadRequest, Fenced, Overloaded, Timeout
+
+S = 1_000_000_000
+
+
+def client(endpoints=("tcp://127.0.0.1:5555",), retries: int = 2, window: int = 4) -> ClientBase:
+    return ClientBase(list(endpoints), timeout_s=1.0, retries=retries, window=window, server_key=None, client_key=None)
+
+
+def answer(c: ClientBase, round_: ReserveRound, pending, body: bytes) -> None:
+    matched = c._core.match(body)
+    assert matched is not None and matched[0] is pending
+    round_.on_reply(*matched)
+
+
+def grant(c, round_, pending, first: int = 1 << 40) -> None:
+    answer(c, round_, pending, protocol.encode_block(pending.request_id, first, pending.count))
+
+
+def refuse(c, round_, pending, err) -> None:
+    answer(c, round_, pending, protocol.encode_error(pending.request_id, err))
+
+
+def overloaded(retry_after_ms):
+    err = Overloaded("busy")
+    err.retry_after_ms = retry_after_ms
+    return err
+
+
+def test_a_round_keeps_the_window_in_flight_and_is_done_when_everything_is_granted():
+    c = client(window=3)
+    r = ReserveRound(c, ReserveJob(10, window=3, chunk=2))
+    sent = r.requests(0)
+    assert [p.count for p, _ in sent] == [2, 2, 2]
+    assert all(p.deadline_ns == 1 * S for p, _ in sent)
+    grant(c, r, sent[0][0])
+    assert r.settle(0) == (False, 0.0)
+    assert [p.count for p, _ in r.requests(0)] == [2]
+    for p in list(r.waiting.values()):
+        grant(c, r, p)
+    assert [p.count for p, _ in r.requests(0)] == [2]
+    grant(c, r, next(iter(r.waiting.values())))
+    assert r.done and r.settle(0) == (False, 0.0)
+
+
+def test_each_timed_out_request_counts_one_attempt_and_the_round_resets_and_asks_again():
+    c = client()
+    r = ReserveRound(c, ReserveJob(8, window=4, chunk=2, retries=5))
+    sent = r.requests(0)
+    grant(c, r, sent[0][0])  # the server has answered before: not a dead address
+    assert r.deadline_ns(0) == 1 * S
+    assert r.settle(1 * S) == (True, 0.0)
+    assert r.job.attempts == 3 and isinstance(r.job.last_error, Timeout)
+    assert not r.waiting and not c._core.inflight  # nothing of the old socket can match later
+    assert [p.count for p, _ in r.requests(1 * S)] == [2, 2, 2]
+
+
+def test_timeouts_past_the_retries_raise_the_timeout():
+    c = client(retries=1)
+    r = ReserveRound(c, ReserveJob(1, retries=1))
+    [(p, _)] = r.requests(0)
+    c._core.heard = True
+    assert r.settle(1 * S)[0]
+    r.requests(1 * S)
+    with pytest.raises(Timeout, match="no reply from tcp://127.0.0.1:5555 within 1.0 s"):
+        r.settle(2 * S)
+
+
+def test_nothing_expires_before_its_deadline():
+    c = client()
+    r = ReserveRound(c, ReserveJob(1))
+    r.requests(0)
+    assert r.settle(1 * S - 1) == (False, 0.0)
+    assert len(r.waiting) == 1 and r.job.attempts == 0
+
+
+def test_no_endpoint_ever_replied_gives_up_after_one_timeout_per_endpoint_with_a_hint():
+    c = client(endpoints=("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"), retries=5)
+    r = ReserveRound(c, ReserveJob(1, retries=5))
+    r.requests(0)
+    assert r.settle(1 * S) == (True, 0.0)  # the first endpoint had its timeout; try the second
+    c._forget_connection(rotate=True)
+    r.requests(1 * S)
+    with pytest.raises(Timeout, match=r"no endpoint ever replied .*tcp://127.0.0.1:1, tcp://127.0.0.1:2"):
+        r.settle(2 * S)
+
+
+def test_a_retriable_refusal_backs_off_and_moves_to_the_next_endpoint_when_there_is_one():
+    c = client(endpoints=("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"))
+    r = ReserveRound(c, ReserveJob(4, chunk=2, window=2))
+    (a, _), (b, _) = r.requests(0)
+    refuse(c, r, a, Fenced("fenced"))
+    reset, sleep_s = r.settle(0)
+    assert reset and 0 < sleep_s <= BACKOFF_MAX_S
+    assert not r.waiting and r.job.unasked == 4  # b is asked again on the next endpoint too
+
+
+def test_a_retriable_refusal_with_one_endpoint_backs_off_on_the_same_connection():
+    c = client()
+    r = ReserveRound(c, ReserveJob(4, chunk=2, window=2))
+    (a, _), (b, _) = r.requests(0)
+    refuse(c, r, a, Fenced("fenced"))
+    reset, sleep_s = r.settle(0)
+    assert not reset and sleep_s > 0
+    assert list(r.waiting.values()) == [b]
+
+
+def test_overloaded_waits_as_long_as_the_server_says_and_never_rotates():
+    c = client(endpoints=("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"))
+    r = ReserveRound(c, ReserveJob(4, chunk=2, window=2))
+    (a, _), (b, _) = r.requests(0)
+    refuse(c, r, a, overloaded(250))
+    assert r.settle(0) == (False, 0.25)
+    assert list(r.waiting.values()) == [b] and r.job.window == 1 and r.job.attempts == 0
+
+
+def test_an_error_that_is_not_retriable_ends_the_round_and_abandon_forgets_its_requests():
+    c = client()
+    r = ReserveRound(c, ReserveJob(4, chunk=2, window=2))
+    (a, _), (b, _) = r.requests(0)
+    with pytest.raises(BadRequest):
+        refuse(c, r, a, BadRequest("no"))
+    assert r.abandon() == [b]
+    assert not c._core.inflight and not r.waiting
+
+
+def test_a_request_dropped_with_its_socket_is_asked_again_without_using_a_retry():
+    c = client()
+    r = ReserveRound(c, ReserveJob(2, chunk=2, window=1, retries=0))
+    [(p, _)] = r.requests(0)
+    r.on_dropped(p)
+    assert r.job.attempts == 0 and r.job.unasked == 2
+    assert [q.count for q, _ in r.requests(0)] == [2]
+
+
+def test_a_reply_to_another_round_is_not_taken():
+    c = client()
+    mine, other = ReserveRound(c, ReserveJob(1)), ReserveRound(c, ReserveJob(1))
+    [(p, _)] = other.requests(0)
+    mine.requests(0)
+    matched = c._core.match(protocol.encode_block(p.request_id, 1 << 40, 1))
+    mine.on_reply(*matched)
+    assert mine.job.granted == 0 and len(mine.waiting) == 1
+
+
+# -- status --------------------------------------------------------------------------------
+
+
+def test_status_is_asked_again_up_to_the_retries_then_times_out_naming_the_endpoint():
+    c = client(retries=2)
+    c._core.heard = True
+    s = StatusRound(c)
+    for _ in range(2):
+        s.request(0)
+        s.on_lost()
+    s.request(0)
+    with pytest.raises(Timeout, match="no status reply from tcp://127.0.0.1:5555"):
+        s.on_lost()
+
+
+def test_status_from_nowhere_gives_up_after_one_timeout_per_endpoint():
+    c = client(endpoints=("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"), retries=5)
+    s = StatusRound(c)
+    s.request(0)
+    s.on_lost()
+    s.request(0)
+    with pytest.raises(Timeout, match="no endpoint ever replied"):
+        s.on_lost()
+
+
+def test_status_returns_the_reply_or_raises_its_error():
+    c = client()
+    s = StatusRound(c)
+    pending, _ = s.request(0)
+    _, reply = c._core.match(protocol.encode_status_reply(pending.request_id, {"version": 1}))
+    assert s.on_reply(reply) == {"version": 1}
+    pending, _ = s.request(0)
+    _, reply = c._core.match(protocol.encode_error(pending.request_id, Fenced("x")))
+    with pytest.raises(Fenced):
+        s.on_reply(reply)
+
+
+# -- prefetch depth ------------------------------------------------------------------------
+
+
+def test_prefetch_depth_doubles_when_the_consumer_waits_up_to_the_limit():
+    d = PrefetchDepth(batch=100, depth=5, max_age_s=1.0)
+    assert d.target == 2 and d.wanted_ids(0) == 200 and d.wanted_ids(2) == 0
+    d.starved()
+    assert d.target == 4
+    d.starved()
+    assert d.target == 5 and d.wanted_ids(1) == 400
+
+
+def test_prefetch_depth_halves_and_drops_a_stale_block_but_never_goes_below_one():
+    d = PrefetchDepth(batch=1, depth=64, max_age_s=1.0)
+    for _ in range(4):
+        d.starved()
+    assert d.target == 32
+    assert not d.stale(0, 1 * S)  # exactly max_age_s old is still fresh
+    assert d.stale(0, 1 * S + 1) and d.target == 16 and d.dropped == 1
+    for _ in range(10):
+        d.stale(0, 5 * S)
+    assert d.target == 1
+
+
+def test_prefetch_without_an_age_limit_keeps_every_block():
+    d = PrefetchDepth(batch=1, depth=4, max_age_s=None)
+    assert not d.stale(0, 10**6 * S) and d.dropped == 0
+
+
+@pytest.mark.parametrize("batch, depth", [(0, 1), (protocol.MAX_BLOCK + 1, 1), (1, 0)])
+def test_prefetch_settings_out_of_range_are_refused(batch, depth):
+    with pytest.raises(ValueError):
+        PrefetchDepth(batch, depth, 1.0)
