@@ -145,7 +145,7 @@ class Metrics:
         counter("snowfence_worker_kills", "Silent worker processes killed by the supervisor.", kills)
         counter("snowfence_loop_stalls", "Worker IDs given up because their minting loop stalled.", t["loop_stalls"])
         gauge_conns = GaugeMetricFamily("snowfence_connections", "Client connections with requests in flight.")
-        gauge_conns.add_metric([], len(router.conns))
+        gauge_conns.add_metric([], router.active_connections())
         fams.append(gauge_conns)
         gauge_wait = GaugeMetricFamily(
             "snowfence_requests_waiting", "Requests waiting in the broker for a worker with room."

@@ -175,7 +175,9 @@ class Router:
         self.links: dict[bytes, Link] = {}
         self.rotation: list[Link] = []
         self._rr = 0
-        #: Connections with requests accepted and not yet answered.
+        #: Client connections seen lately; those with nothing in flight are dropped at
+        #: the next heartbeat (not at once: a client with one request in flight at a
+        #: time would otherwise cost a new entry per request).
         self.conns: dict[bytes, Conn] = {}
         #: Requests waiting for a worker with room, by connection.
         self.fair = FairQueue()
@@ -348,8 +350,6 @@ class Router:
             return
         conn.inflight -= 1
         conn.ids -= count
-        if conn.inflight <= 0 and not conn.queue:
-            del self.conns[addr]
 
     def overloaded(self, meta: int, addr: bytes, body: bytes, conn: Conn) -> None:
         self.counters["overloaded"] += 1
@@ -363,10 +363,14 @@ class Router:
         with work in flight), by IDs or by requests, whichever is longer."""
         ids_per_ms = sum(link.ids_per_ms for link in self.rotation) or self._ids_per_ms_per_worker_id
         workers = max(1, len(self.rotation))
-        sharers = max(1, len(self.conns))
+        sharers = max(1, self.active_connections())
         by_ids = conn.ids * sharers / ids_per_ms
         by_requests = conn.inflight * sharers * REQUEST_COST_US / 1000 / workers
         return min(RETRY_AFTER_MAX_MS, max(RETRY_AFTER_MIN_MS, math.ceil(max(by_ids, by_requests))))
+
+    def active_connections(self) -> int:
+        """Connections with requests accepted and not yet answered."""
+        return sum(1 for conn in self.conns.values() if conn.inflight > 0)
 
     def pick(self, count: int) -> Link | None:
         """The next worker in rotation with room for ``count`` more IDs, round robin.
@@ -548,6 +552,7 @@ class Router:
             for link in self.links.values():
                 link.seen_ns = max(link.seen_ns, now_ns - self._heartbeat_ns)
         self._next_ping_ns = now_ns + self._heartbeat_ns
+        self.conns = {addr: conn for addr, conn in self.conns.items() if conn.inflight > 0 or conn.queue}
         for ident, link in list(self.links.items()):
             if link.silent and now_ns - link.seen_ns > 3 * self._timeout_ns:
                 self.forget(ident, "silent for too long")  # it re-registers if it ever speaks again
@@ -615,7 +620,7 @@ class Router:
                 **self._describe_broker(),
                 "counters": self.counters,
                 "workers_in_rotation": len(self.rotation),
-                "connections": len(self.conns),
+                "connections": self.active_connections(),
                 "waiting": len(self.fair),
             },
             "layout": self.config.layout.to_dict(),
