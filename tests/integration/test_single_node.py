@@ -93,8 +93,12 @@ def test_sigkill_of_a_worker_loses_only_its_in_flight_requests_and_never_repeats
         assert errors == 0, f"no request failed beyond what retries absorbed: {out}\n{node.log_tail()}"
     figures = check_blocks([read_pairs(o) for o in outs])
     assert figures["ids"] >= 800_000
-    status = node.status()
-    assert victim not in {w["pid"] for w in status["workers"]}
+    # The clients may be done before the broker has reaped the victim: give it a moment.
+    status = wait_for(
+        lambda: (lambda st: st if victim not in {w["pid"] for w in st["workers"]} else None)(node.status()),
+        10,
+        what="the killed worker reaped",
+    )
     assert sum(s["restarts"] for s in status["broker"]["slots"]) == 1, (status["broker"], node.log_tail())
     node.wait_ready(2)
 
