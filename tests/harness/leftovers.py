@@ -115,17 +115,16 @@ def _start_ticks(pid: int) -> int | None:
 def _stat(pid: int) -> dict | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return {
+            "pid": pid,
+            "state": fields[0].decode(),
+            "ppid": int(fields[1]),
+            "pgid": int(fields[2]),
+            "ticks": int(fields[19]),
+        }
+    except (OSError, IndexError, ValueError):  # gone while we looked
         return None
-    fields = raw.rsplit(b")", 1)[1].split()
-    return {
-        "pid": pid,
-        "state": fields[0].decode(),
-        "ppid": int(fields[1]),
-        "pgid": int(fields[2]),
-        "ticks": int(fields[19]),
-    }
 
 
 def _processes() -> dict[int, dict]:
