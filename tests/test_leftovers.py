@@ -3,7 +3,6 @@ and passes one whose processes are only slow to exit."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from leftovers import GRACE_ENV
 HARNESS = Path(__file__).resolve().parent / "harness"
 
 LEAKY = r"""
-import os, socket, subprocess, sys, time
+import os, shutil, socket, subprocess, sys, time
 from pathlib import Path
 
 import leftovers
@@ -67,11 +66,12 @@ def test_an_etcd_data_directory(tmp_path):
 
 
 def test_a_mount(tmp_path):
-    if os.geteuid() != 0:
-        return
+    # Needs root and the right to mount (not granted in every container).
     (tmp_path / "mnt").mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "none", str(tmp_path / "mnt")], check=True)
-    note("mount", tmp_path / "mnt")
+    mount = shutil.which("mount")
+    cmd = [mount, "-t", "tmpfs", "none", str(tmp_path / "mnt")]
+    if mount and subprocess.run(cmd, capture_output=True).returncode == 0:
+        note("mount", tmp_path / "mnt")
 """
 
 TIDY = r"""
@@ -119,12 +119,12 @@ def test_a_run_that_leaves_things_behind_fails_and_names_each_of_them(inner, pyt
     assert f"listening socket 127.0.0.1:{leaked['port']} held by the pytest process" in out, out
     assert f"run directory {leaked['rundir']} of node pid" in out, out
     assert f"etcd data directory {leaked['etcd']}" in out, out
-    if os.geteuid() == 0:
+    if "mount" in leaked:
         assert f"mount on {leaked['mount']}" in out, out
     # ... and cleaned up, so the next run starts clean.
     assert not alive(child) and not alive(orphan)
     assert not Path(leaked["rundir"]).exists() and not Path(leaked["etcd"]).exists()
-    if os.geteuid() == 0:
+    if "mount" in leaked:
         assert leaked["mount"] not in Path("/proc/self/mountinfo").read_text()
 
 
