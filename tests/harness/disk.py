@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import leftovers
+
 SHIM_SOURCE = Path(__file__).resolve().parent.parent / "fsshim" / "fsshim.c"
 
 NFS_MAGIC = 0x6969
@@ -39,6 +41,7 @@ class Tmpfs:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(self.path)], check=True)
+        leftovers.register_mount(self.path)
         self.mounted = True
 
     def fill(self) -> Path:
