@@ -35,6 +35,8 @@ class SimulatedWake:
         self.timeouts: list[float | None] = []
         self.max_waits = max_waits
         self._timers: list[tuple[int, int, object]] = []
+        #: Wait number (1 = the first) -> ns it takes beyond its timeout (the process was paused).
+        self.oversleep_ns: dict[int, int] = {}
 
     def at(self, s: float, action) -> None:
         """Run ``action`` once the clock is ``s`` seconds past the start."""
@@ -69,7 +71,7 @@ class SimulatedWake:
             if self.flag:
                 return True
         assert end is not None, "the keeper waits without a timeout and nothing will wake it"
-        self.clock.mono_ns_value = end
+        self.clock.mono_ns_value = end + self.oversleep_ns.get(len(self.timeouts), 0)
         return False
 
 
@@ -103,6 +105,10 @@ class Lease1(Lease):
 
     def release(self, last_used_ms: int) -> None:
         self.released = True
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        super().abandon()
 
 
 def setup(script=(), **kw):
@@ -297,3 +303,83 @@ def test_stop_gives_up_waiting_after_its_timeout_when_a_renewal_hangs():
         release.set()
         keeper.join(10)
     assert not keeper.is_alive()
+
+
+# -- the loop watchdog: a stalled minting loop must not keep its worker ID alive -------------------
+
+
+def watched(stall_s=2.0, loop_turned_s=0.0, expires=True, **kw):
+    """A keeper renewing every second, watching a loop that last turned at ``loop_turned_s``."""
+    loop = [0]
+    wake, lease, minter, keeper, events = setup(loop_ns=lambda: loop[0], stall_s=stall_s, **kw)
+    lease.expires = expires
+    loop[0] = wake.start_ns + round(loop_turned_s * 1e9)
+    keeper.interval_s = 1.0
+    return wake, lease, minter, keeper, events, loop
+
+
+def test_a_stalled_loop_is_given_up_on_after_the_bound_and_not_at_it():
+    wake, lease, minter, keeper, events, loop = watched()
+    keeper.run()  # returns by itself
+    assert lease.sent_at == [0.0, 1.0, 2.0]  # at 2.0 s the loop has been idle exactly the bound
+    assert wake.now_s() == 3.0
+    assert keeper.stalled is True and isinstance(keeper.lost, LeaseLost)
+    assert str(keeper.lost) == "the minting loop has not turned for 3.0 s"
+    assert minter.fence_deadline_ns == -1
+    assert events == [("loop_stalled", {"worker_id": 1, "reason": "the minting loop has not turned for 3.0 s"})]
+    assert not getattr(lease, "abandoned", False)  # an etcd lease lapses by itself; the mark stays
+
+
+def test_a_loop_idle_a_nanosecond_past_the_bound_is_given_up_on():
+    wake, lease, minter, keeper, events, loop = watched(loop_turned_s=-1e-9)
+    keeper.run()
+    assert lease.sent_at == [0.0, 1.0] and wake.now_s() == 2.0
+
+
+def test_a_lock_only_the_process_can_free_is_let_go_when_the_loop_stalls():
+    wake, lease, minter, keeper, events, loop = watched(expires=False)
+    keeper.run()
+    assert lease.abandoned and lease.released and keeper.stalled
+
+
+def test_a_loop_that_keeps_turning_keeps_its_worker_id():
+    wake, lease, minter, keeper, events, loop = watched()
+    for t in range(1, 10):
+        wake.at(t - 0.5, lambda: loop.__setitem__(0, wake.clock.mono_ns()))
+    wake.at(9.2, keeper.stop)
+    keeper.run()
+    assert len(lease.sent_at) == 10 and keeper.stalled is False and keeper.lost is None and events == []
+
+
+@pytest.mark.parametrize("stall_s, watch", [(0.0, True), (2.0, False)])
+def test_no_watchdog_without_a_bound_or_without_a_loop_to_watch(stall_s, watch):
+    if watch:
+        wake, lease, minter, keeper, events, loop = watched(stall_s=stall_s)
+    else:
+        wake, lease, minter, keeper, events = setup(stall_s=stall_s)
+        keeper.interval_s = 1.0
+    wake.at(5.5, keeper.stop)
+    keeper.run()
+    assert lease.sent_at == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and keeper.stalled is False
+
+
+def test_the_watchdog_is_off_by_default():
+    wake, lease, minter, keeper, events = setup(loop_ns=lambda: 0)  # a loop that never turned
+    wake.at(5.0, keeper.stop)
+    keeper.run()
+    assert keeper.stalled is False and keeper.renewals == 3
+
+
+@pytest.mark.parametrize(
+    "overslept_s, sent_at",
+    [
+        (1.000000001, [0.0, 1.0, 3.0]),  # just over half the bound: the loop gets one more turn
+        (1.0, [0.0, 1.0]),  # exactly half: judged at once
+        (0.8, [0.0, 1.0]),
+    ],
+)
+def test_a_keeper_paused_with_its_process_gives_the_loop_a_turn_before_judging_it(overslept_s, sent_at):
+    wake, lease, minter, keeper, events, loop = watched()
+    wake.oversleep_ns[2] = round(overslept_s * 1e9)  # the wait after the renewal at 1.0 s
+    keeper.run()
+    assert lease.sent_at == sent_at and keeper.stalled is True
