@@ -242,3 +242,25 @@ def test_without_the_etcd_extra_embedded_mode_works_and_etcd_mode_names_the_extr
     )  # fmt: skip
     assert p.returncode == 0 and len(p.stdout.split()) == 2, p.stderr
     assert "pyetcd" not in node.log() and "Traceback" not in node.log()
+
+
+def test_the_asyncio_client_names_a_missing_server_as_the_blocking_one_does(tmp_path):
+    from snowfence import AsyncClient
+    from snowfence.clients.aio import run
+    from snowfence.errors import Timeout
+
+    endpoints = [f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"]
+
+    async def main() -> list[str]:
+        messages = []
+        async with AsyncClient(endpoints, timeout_s=0.3) as client:
+            for call in (lambda: client.reserve(5), client.status):
+                started = time.monotonic()
+                with pytest.raises(Timeout) as caught:
+                    await call()
+                messages.append((str(caught.value), time.monotonic() - started))
+        return messages
+
+    for message, took_s in run(main()):
+        assert "is snowfence serve running at" in message and all(ep in message for ep in endpoints), message
+        assert took_s < 2 * 0.3 + 2.0, f"took {took_s:.1f} s: {message}"
