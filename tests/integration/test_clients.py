@@ -237,7 +237,7 @@ def test_client_waits_out_a_restart_with_retries(nodes):
     node.wait_ready()
     assert node.stop() == 0
     again = nodes.start("again", workers=1, state_dir=node.state_dir)
-    # The client was created before the server answers: retries carry it over.
-    with Client(again.endpoint, timeout_s=1.0, retries=10) as client:
+    # The client was created before the server answers: with wait_for_server, retries carry it over.
+    with Client(again.endpoint, timeout_s=1.0, retries=10, wait_for_server=True) as client:
         assert sum(b.count for b in client.reserve(100)) == 100
     wait_for(lambda: again.ready_workers(), 5)

@@ -264,3 +264,18 @@ def test_the_asyncio_client_names_a_missing_server_as_the_blocking_one_does(tmp_
     for message, took_s in run(main()):
         assert "is snowfence serve running at" in message and all(ep in message for ep in endpoints), message
         assert took_s < 2 * 0.3 + 2.0, f"took {took_s:.1f} s: {message}"
+
+
+def test_a_client_that_waits_for_its_server_is_carried_over_its_start(nodes):
+    from snowfence import Client
+
+    node = nodes.new(workers=1)  # not started yet
+    with Client(node.endpoint, timeout_s=0.5, retries=40, wait_for_server=True) as client:
+        import threading
+
+        starter = threading.Timer(1.5, node.start)  # after three timeouts
+        starter.start()
+        try:
+            assert sum(b.count for b in client.reserve(10)) == 10
+        finally:
+            starter.join()

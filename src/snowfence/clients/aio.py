@@ -60,10 +60,12 @@ class AsyncClient(ClientBase):
         context: zmq.asyncio.Context | None = None,
         server_key: str | bytes | None = None,
         client_key: str | None = None,
+        wait_for_server: bool = False,
     ) -> None:
         super().__init__(
             endpoints, timeout_s=timeout_s, retries=retries, window=window, server_key=server_key, client_key=client_key
         )
+        self.wait_for_server = wait_for_server
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task | None = None

@@ -38,6 +38,9 @@ class Client(ClientBase):
 
     ``endpoints`` is one ZeroMQ endpoint or a list of them, tried in turn when
     one stops answering. Safe to share between threads (calls take turns).
+    While no endpoint has ever replied, a call gives up after one timeout per
+    endpoint (no server is there, or the address or CURVE key is wrong);
+    ``wait_for_server=True`` keeps retrying instead, for a server still starting.
     """
 
     def __init__(
@@ -50,10 +53,12 @@ class Client(ClientBase):
         context: zmq.Context | None = None,
         server_key: str | bytes | None = None,
         client_key: str | None = None,
+        wait_for_server: bool = False,
     ) -> None:
         super().__init__(
             endpoints, timeout_s=timeout_s, retries=retries, window=window, server_key=server_key, client_key=client_key
         )
+        self.wait_for_server = wait_for_server
         self._ctx = context or zmq.Context.instance()
         self._lock = threading.RLock()
         self._sock: zmq.Socket | None = None
@@ -194,6 +199,7 @@ class Prefetcher:
             context=client._ctx,
         )
         self._source.curve = client.curve
+        self._source.wait_for_server = client.wait_for_server
         self._blocks: collections.deque[tuple[int, range]] = collections.deque()
         self._cond = threading.Condition()
         self._error: SnowfenceError | None = None

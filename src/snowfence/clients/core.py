@@ -190,6 +190,10 @@ class ClientBase:
         self.resets = 0
         #: Timeouts in a row while no endpoint has ever replied.
         self._silent_timeouts = 0
+        #: Retry (up to ``retries``) even while no endpoint has ever replied: for a
+        #: client that starts before its server does. Off: give up after one
+        #: timeout per endpoint, saying that no server answered.
+        self.wait_for_server = False
         if server_key is not None:
             from .security import Curve
 
@@ -219,7 +223,7 @@ class ClientBase:
         Retrying a server that never answered only multiplies the wait: it is down,
         or the address (or the CURVE key) is wrong.
         """
-        if self._core.heard:
+        if self._core.heard or self.wait_for_server:
             return None
         self._silent_timeouts += 1
         if self._silent_timeouts < len(self.endpoints):
