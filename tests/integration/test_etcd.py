@@ -123,7 +123,14 @@ def test_a_node_paused_past_its_lease_is_taken_over_and_nothing_repeats(nodes, e
     wait_for(lambda: "every worker ID of region 0 is taken" in b.log(), 10, what="b to find no free worker ID")
     outs = [tmp_path / "via_a.bin", tmp_path / "via_b.bin"]
     clients = [loadgen(a.endpoint, 10**9, outs[0], 1, 14), loadgen(b.endpoint, 10**9, outs[1], 2, 14)]
-    time.sleep(1.0)
+    # Pause a only once its load generator is getting IDs: on a busy machine starting
+    # the generator alone can take longer than any fixed sleep.
+    wait_for(
+        lambda: sum((w.get("counters") or {}).get("ids", 0) for w in a.status()["workers"]) > 0,
+        10,
+        what="a to hand out IDs",
+    )
+    time.sleep(0.5)
     os.killpg(a.pgid, signal.SIGSTOP)  # the whole node: broker and workers
     paused_at = time.monotonic()
     try:
