@@ -456,6 +456,8 @@ def _cluster_status(config, as_json: bool) -> int:
     store = EtcdStore(config)
     try:
         entries = store.census()
+        members = store.nodes()
+        regions = store.regions()
     finally:
         store.close()
     epoch = config.layout.epoch_ms
@@ -465,12 +467,27 @@ def _cluster_status(config, as_json: bool) -> int:
             e["mark_time"] = format_unix_ms(e["mark_ms"] + epoch)
             e["mark_passed"] = e["mark_ms"] < now_ms
     if as_json:
-        print(orjson.dumps({"cluster": config.cluster, "worker_ids": entries}, option=orjson.OPT_INDENT_2).decode())
+        doc = {"cluster": config.cluster, "regions": regions, "nodes": members, "worker_ids": entries}
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return 0
     print(
-        f"cluster {config.cluster!r}: {sum(e['state'] == 'held' for e in entries)} worker IDs held, "
+        f"cluster {config.cluster!r}: {len(members)} nodes, regions {', '.join(map(str, regions)) or '-'}; "
+        f"{sum(e['state'] == 'held' for e in entries)} worker IDs held, "
         f"{sum(e['state'] == 'retired' for e in entries)} retired"
     )
+    if members:
+        print(f"{'node':<32} {'region':>6} {'rotation':<8} {'worker_ids':<16} clock offsets to peers (ms)")
+        for n in members:
+            offsets = n.get("clock_offsets_ms") or {}
+            shown = ", ".join(
+                f"{peer} {ms:+.1f}" for peer, ms in sorted(offsets.items()) if isinstance(ms, int | float)
+            )
+            ids = ",".join(str(w) for w in n.get("worker_ids") or []) or "-"
+            print(
+                f"{str(n.get('node')):<32} {_dash(n.get('region')):>6} "
+                f"{'yes' if n.get('in_rotation') else 'no':<8} {ids:<16} {shown or '-'}"
+            )
+        print()
     print(f"{'region':>6} {'worker':>6} {'state':<8} {'lease_s':>7} {'renewed_s':>9} {'mark':<24} {'passed':<6} owner")
     for e in entries:
         print(

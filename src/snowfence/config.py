@@ -170,6 +170,15 @@ class Config:
         "Other nodes' client endpoints, comma-separated: this node measures its clock offset to them.",
         metavar="EPS",
     )
+    advertise: tuple[str, ...] = setting(
+        (),
+        "Client endpoints this node tells clients and peers about (NODES, its membership entry in etcd), "
+        "comma-separated; by default the endpoint it bound, unless that is a wildcard.",
+        metavar="EPS",
+    )
+    node_name: str = setting(
+        "", "This node's name in the cluster's membership; by default its first advertised endpoint.", metavar="NAME"
+    )
     max_peer_offset_ms: int = setting(
         0,
         "Leave rotation while the clock disagrees with a majority of the cluster by more than this; 0 only measures.",
@@ -218,6 +227,11 @@ class Config:
         for peer in self.peers:
             if endpoint_problem(peer):
                 raise ConfigError(f"peers: {endpoint_problem(peer)}")
+        for endpoint in self.advertise:
+            if endpoint_problem(endpoint):
+                raise ConfigError(f"advertise: {endpoint_problem(endpoint)}")
+        if not self.node_name.isprintable() or len(self.node_name) > 200:
+            raise ConfigError("node_name must be printable and at most 200 characters")
         if self.workers < 0 or self.workers > layout.max_worker + 1:
             raise ConfigError(f"workers must be 0..{layout.max_worker + 1}, got {self.workers}")
         if not 1 <= self.ids_per_worker <= layout.max_worker + 1:

@@ -18,9 +18,11 @@ Integers are big-endian. Every body starts with the same 12-byte header::
                        flags bit 0 (AFTER): + after:u64             (24 bytes)
     STATUS       0x02  header                                        (12 bytes)
     TIME         0x03  header                                        (12 bytes)
+    NODES        0x04  header                                        (12 bytes)
     BLOCK        0x81  header + first:u64 + count:u32                (24 bytes)
     STATUS_REPLY 0x82  header + UTF-8 JSON object
     TIME_REPLY   0x83  header + received:u64 + sent:u64 (Unix ns)    (28 bytes)
+    NODES_REPLY  0x84  header + UTF-8 JSON {"cluster", "nodes": [...]}
     ERROR        0xFF  header + UTF-8 JSON {"code", "message", "retriable"}
 
 A reply echoes the request's ``request_id``; 0 means the request could not be
@@ -59,8 +61,10 @@ VERSION = 1
 RESERVE = 0x01
 STATUS = 0x02
 TIME = 0x03
+NODES = 0x04
 BLOCK = 0x81
 STATUS_REPLY = 0x82
+NODES_REPLY = 0x84
 TIME_REPLY = 0x83
 ERROR = 0xFF
 
@@ -106,6 +110,8 @@ class Reply(NamedTuple):
     error: SnowfenceError | None = None
     #: TIME_REPLY: the server's wall clock (Unix ns) when it received the request and when it replied.
     times: tuple[int, int] | None = None
+    #: NODES_REPLY: ``{"cluster": ..., "nodes": [{"node", "endpoints", "region", ...}, ...]}``.
+    nodes: dict | None = None
 
 
 # -- endpoints ---------------------------------------------------------------------
@@ -198,6 +204,14 @@ def decode_reply(body: bytes) -> Reply:
         if isinstance(retry_after, int) and not isinstance(retry_after, bool) and 0 <= retry_after <= 60_000:
             err.retry_after_ms = retry_after
         return Reply(ERROR, request_id, error=err)
+    if type_ == NODES_REPLY:
+        try:
+            nodes = orjson.loads(body[HEADER_SIZE:])
+        except orjson.JSONDecodeError:
+            raise BadRequest("NODES reply does not carry JSON") from None
+        if not isinstance(nodes, dict) or not isinstance(nodes.get("nodes"), list):
+            raise BadRequest("NODES reply does not carry a list of nodes")
+        return Reply(NODES_REPLY, request_id, nodes=nodes)
     if type_ == STATUS_REPLY:
         try:
             status = orjson.loads(body[HEADER_SIZE:])
@@ -256,9 +270,9 @@ def decode_request(body: bytes) -> Request:
         if not 1 <= count <= MAX_BLOCK:
             raise _with_id(BadRequest(f"count must be 1..{MAX_BLOCK}, got {count}"), body)
         return Request(RESERVE, request_id, count, after)
-    if type_ in (STATUS, TIME):
+    if type_ in (STATUS, TIME, NODES):
         if size != HEADER_SIZE or flags:
-            raise _with_id(BadRequest(f"STATUS and TIME must be {HEADER_SIZE} bytes without flags"), body)
+            raise _with_id(BadRequest(f"STATUS, TIME and NODES must be {HEADER_SIZE} bytes without flags"), body)
         return Request(type_, request_id)
     raise _with_id(BadRequest(f"unknown request type 0x{type_:02x}"), body)
 
@@ -283,6 +297,14 @@ def plain_reserve(body: bytes) -> tuple[int, int] | None:
 
 def encode_block(request_id: int, first: int, count: int) -> bytes:
     return _BLOCK.pack(VERSION, BLOCK, 0, request_id, first, count)
+
+
+def encode_nodes(request_id: int) -> bytes:
+    return HEADER.pack(VERSION, NODES, 0, request_id)
+
+
+def encode_nodes_reply(request_id: int, nodes: dict) -> bytes:
+    return HEADER.pack(VERSION, NODES_REPLY, 0, request_id) + orjson.dumps(nodes)
 
 
 def encode_status_reply(request_id: int, status: dict) -> bytes:

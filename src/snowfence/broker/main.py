@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..logs import event
 from . import rundir
 from .auth import CurveServer
+from .membership import Membership, advertised_endpoints, base_entry, node_name
 from .metrics import HealthServer, Metrics
 from .peers import PeerClocks
 from .router import Router
@@ -64,6 +65,10 @@ class Node:
         self.curve: CurveServer | None = None
         self.health: HealthServer | None = None
         self.peers: PeerClocks | None = None
+        self.membership: Membership | None = None
+        #: This node's entry in the cluster's membership: what does not change while it runs.
+        self.entry: dict = {}
+        self._next_membership_ns = 0
         self.supervisor = Supervisor(config, self._spawn, on_stop=self._on_stop, on_exit=self._on_exit)
 
     @property
@@ -117,10 +122,16 @@ class Node:
                     f"metrics and health on http://{self.health.address}/metrics",
                     address=self.health.address,
                 )
+            endpoints = advertised_endpoints(self.config, self.router.endpoint())
+            name = node_name(self.config, endpoints)
+            self.entry = base_entry(self.config, name, endpoints, self.health.address if self.health else None)
+            self.router.describe_nodes = self.nodes
             signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
             for sig in SIGNALS:
                 signal.signal(sig, sup.enqueue)
-            if self.config.peers:
+            if not self.config.embedded:
+                self.membership = Membership(self.config, name, self.own_entry())
+            if self.config.peers or self.membership is not None:
                 self.peers = PeerClocks(
                     ctx,
                     list(self.config.peers),
@@ -141,12 +152,16 @@ class Node:
                 mode="embedded" if self.config.embedded else "etcd",
             )
             sup.start()
+            if self.membership is not None:
+                self.membership.start()
             self.loop(wake_r)
         finally:
             signal.set_wakeup_fd(-1)
             for sig in SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             sup.kill_all(signal.SIGKILL)
+            if self.membership is not None:
+                self.membership.stop()
             if self.health is not None:
                 self.health.close()
             if self.peers is not None:
@@ -200,6 +215,9 @@ class Node:
             if not sup.tick(now_ns):
                 return
             router.tick(now_ns)
+            if now_ns >= self._next_membership_ns:
+                self._next_membership_ns = now_ns + int(PEER_INTERVAL_S * 1e9)
+                self.follow_membership(poller)
             if peers is not None:
                 peers.tick(now_ns)
                 if peers.veto != router.veto:
@@ -209,6 +227,51 @@ class Node:
                         event(log, "rejoined", "clock agrees with the cluster again")
                     router.veto = peers.veto
             self.metrics.maybe_snapshot(now_ns, router, sup.restarts, sup.kills)
+
+    def own_entry(self) -> dict:
+        """This node's membership entry as of now."""
+        router = self.router
+        worker_ids = sorted(
+            {
+                h["worker_id"]
+                for link in router.links.values()
+                for h in link.status.get("held") or ()
+                if "worker_id" in h
+            }
+        )
+        return {
+            **self.entry,
+            "worker_ids": worker_ids,
+            "in_rotation": bool(router.rotation) and router.veto is None,
+            "clock_offsets_ms": {
+                ep: round(o["offset_s"] * 1000, 3) for ep, o in (self.peers.describe() if self.peers else {}).items()
+            },
+        }
+
+    def nodes(self) -> dict:
+        """The answer to NODES: the cluster's live nodes as this node last read them."""
+        own = self.own_entry()
+        if self.membership is None:
+            return {"cluster": None, "nodes": [own]}
+        return {"cluster": self.config.cluster, "nodes": self.membership.view(own)}
+
+    def follow_membership(self, poller: zmq.Poller) -> None:
+        """Publish our entry; measure clocks against every other registered node."""
+        if self.membership is None:
+            return
+        self.membership.publish(self.own_entry())
+        others = [
+            n["endpoints"][0]
+            for n in self.membership.nodes
+            if n.get("node") != self.membership.name and isinstance(n.get("endpoints"), list) and n["endpoints"]
+        ]
+        peers = self.peers
+        before = set(peers.sockets)
+        if peers.set_peers([*self.config.peers, *others]):
+            for sock in before - set(peers.sockets):
+                poller.unregister(sock)
+            for sock in set(peers.sockets) - before:
+                poller.register(sock, zmq.POLLIN)
 
     def describe(self) -> dict:
         """The broker's part of STATUS."""

@@ -7,7 +7,9 @@ request (t2) and when it replied (t3); the answer arrives at t4. Then::
     offset = ((t2 - t1) + (t3 - t4)) / 2     how far the peer is ahead of us
     delay  = (t4 - t1) - (t3 - t2)           the round trip, which bounds the error
 
-With a bound set (``max_peer_offset_ms``), a node whose clock disagrees with a
+The peers are a static list (``--peers``) and, in etcd mode, every other node
+registered in the cluster's membership (:mod:`snowfence.broker.membership`),
+so no list is needed. With a bound set (``max_peer_offset_ms``), a node whose clock disagrees with a
 majority of the whole cluster (itself included: with one peer nobody can tell
 who is wrong, with two the odd one out can) by more than the bound, allowing
 for half the round trip, leaves rotation and says why. Peers that stopped
@@ -30,22 +32,41 @@ class PeerClocks:
     def __init__(self, ctx: zmq.Context, peers: list[str], *, interval_s: float, bound_ms: int, curve=None) -> None:
         self.interval_ns = int(interval_s * 1e9)
         self.bound_ns = bound_ms * 1_000_000
+        self._ctx = ctx
+        self._curve = curve
         self.sockets: dict[zmq.Socket, str] = {}
-        for endpoint in peers:
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 4)  # a peer that is down must not pile requests up
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            if curve is not None:
-                curve.apply(sock)
-            sock.connect(endpoint)
-            self.sockets[sock] = endpoint
         #: endpoint -> (offset_ns, delay_ns, measured at monotonic ns)
         self.offsets: dict[str, tuple[int, int, int]] = {}
         self._sent: dict[int, tuple[zmq.Socket, int, int]] = {}
         self._ids = itertools.count(1)
         self._next_ns = 0
         self.veto: str | None = None
+        self.set_peers(peers)
+
+    def set_peers(self, peers: list[str]) -> bool:
+        """Measure against exactly ``peers`` from now on (a node's membership changes);
+        True if the set of sockets changed (the caller's poller must follow)."""
+        wanted = list(dict.fromkeys(peers))
+        have = {ep: sock for sock, ep in self.sockets.items()}
+        if set(wanted) == set(have):
+            return False
+        for endpoint, sock in have.items():
+            if endpoint not in wanted:
+                del self.sockets[sock]
+                self.offsets.pop(endpoint, None)  # a node that left does not vote
+                sock.close(0)
+        for endpoint in wanted:
+            if endpoint in have:
+                continue
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 4)  # a peer that is down must not pile requests up
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            if self._curve is not None:
+                self._curve.apply(sock)
+            sock.connect(endpoint)
+            self.sockets[sock] = endpoint
+        return True
 
     def tick(self, now_ns: int) -> None:
         if now_ns < self._next_ns:

@@ -185,6 +185,8 @@ class Router:
         #: Set while the node must not mint at all (its clock disagrees with its peers).
         self.veto: str | None = None
         self._describe_broker = describe_broker or (lambda: {})
+        #: The answer to NODES (the broker sets it: the cluster's membership as it sees it).
+        self.describe_nodes: Callable[[], dict] = lambda: {"cluster": None, "nodes": []}
         #: Worker processes still running (kept by the supervisor). A STATE frame a
         #: worker sent just before it died can arrive after it was reaped; it must not
         #: bring the dead worker back.
@@ -260,6 +262,8 @@ class Router:
         elif request.type == protocol.TIME:
             now = time.time_ns()
             self.to_client(meta, addr, protocol.encode_time_reply(request.request_id, now, time.time_ns()))
+        elif request.type == protocol.NODES:
+            self.to_client(meta, addr, protocol.encode_nodes_reply(request.request_id, self.describe_nodes()))
         else:
             self.admit(meta, addr, body, request.count)
 

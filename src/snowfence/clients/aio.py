@@ -167,7 +167,14 @@ class AsyncClient(ClientBase):
 
     async def status(self) -> dict:
         """The broker's view of itself and its workers."""
-        round_ = StatusRound(self)
+        return await self._ask_json("status")
+
+    async def nodes(self) -> dict:
+        """The cluster's live nodes as the broker sees them: ``{"cluster", "nodes": [...]}``."""
+        return await self._ask_json("nodes")
+
+    async def _ask_json(self, what: str) -> dict:
+        round_ = StatusRound(self, what)
         while True:
             pending, frame = round_.request(time.monotonic_ns())
             future = await self._ask(pending, frame)

@@ -96,8 +96,15 @@ class Client(ClientBase):
 
     def status(self) -> dict:
         """The broker's view of itself and its workers."""
+        return self._ask_json("status")
+
+    def nodes(self) -> dict:
+        """The cluster's live nodes as the broker sees them: ``{"cluster", "nodes": [...]}``."""
+        return self._ask_json("nodes")
+
+    def _ask_json(self, what: str) -> dict:
         with self._lock:
-            round_ = StatusRound(self)
+            round_ = StatusRound(self, what)
             while True:
                 pending, frame = round_.request(time.monotonic_ns())
                 self._socket().send(frame)

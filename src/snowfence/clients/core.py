@@ -127,6 +127,12 @@ class Core:
         self.inflight[rid] = pending
         return pending, protocol.encode_status(rid)
 
+    def nodes(self, deadline_ns: int, job: object = None) -> tuple[Pending, bytes]:
+        rid = next(self._ids)
+        pending = Pending(rid, protocol.NODES, 0, deadline_ns, job)
+        self.inflight[rid] = pending
+        return pending, protocol.encode_nodes(rid)
+
     def match(self, body: bytes) -> tuple[Pending, protocol.Reply] | None:
         """The request a reply answers, or None for a stale, unknown or garbled reply."""
         self.heard = True
@@ -441,22 +447,26 @@ class ReserveRound:
 
 
 class StatusRound:
-    """One ``status()``: asked again after a timeout, up to the client's retries."""
+    """One ``status()`` (or ``nodes()``): asked again after a timeout, up to the client's retries."""
 
-    def __init__(self, client: ClientBase) -> None:
+    def __init__(self, client: ClientBase, what: str = "status") -> None:
         self.client = client
+        self.what = what
         self.attempts = 0
         self.endpoint = client.endpoint
 
     def request(self, now_ns: int) -> tuple[Pending, bytes]:
         self.endpoint = self.client.endpoint
-        return self.client._core.status(now_ns + self.client._timeout_ns)
+        ask = self.client._core.nodes if self.what == "nodes" else self.client._core.status
+        return ask(now_ns + self.client._timeout_ns)
 
-    @staticmethod
-    def on_reply(reply: protocol.Reply) -> dict:
+    def on_reply(self, reply: protocol.Reply) -> dict:
         if reply.error is not None:
             raise reply.error
-        return reply.status
+        answer = reply.nodes if self.what == "nodes" else reply.status
+        if answer is None:
+            raise BadRequest(f"the server answered a {self.what} request with reply type 0x{reply.type:02x}")
+        return answer
 
     def on_lost(self, timed_out: bool = True) -> None:
         """No reply (the client has reset its connection); raises when it is time to give up."""

@@ -3,6 +3,8 @@
 Keys, under ``/snowfence/<cluster>/``::
 
     layout                        the cluster's ID layout (JSON), written by the first node
+    nodes/<node>                  a live node's entry (endpoints, region, worker IDs...), under its own lease
+    regions/<region>              a region number this cluster's nodes use (no lease: it stays)
     workers/<region>/<worker>     the claim: holder (JSON), attached to a 10 s lease
     marks/<region>/<worker>       {"reserved_until_ms", "token", "holder"}: no lease, it outlives owners
 
@@ -27,7 +29,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import orjson
 
@@ -425,6 +427,65 @@ class EtcdStore(Store):
                 }
             )
         return [entries[k] for k in sorted(entries)]
+
+    # -- node membership (the broker's, not a worker's) ----------------------------------
+
+    def node_key(self, name: str) -> str:
+        return f"{self.prefix}nodes/{quote(name, safe='')}"
+
+    @_etcd_call
+    def grant_lease(self, ttl_s: int) -> int:
+        return self.client.lease(ttl_s).id
+
+    @_etcd_call
+    def refresh_lease(self, lease_id: int) -> bool:
+        """Renew a lease; False if it has expired."""
+        ttl = None
+        for response in self.client.refresh_lease(lease_id):
+            ttl = response.TTL
+        return ttl is not None and ttl > 0
+
+    @_etcd_call
+    def put_node(self, name: str, entry: dict, lease_id: int) -> None:
+        self.client.put(self.node_key(name), orjson.dumps(entry), lease=lease_id)
+
+    @_etcd_call
+    def remove_node(self, name: str, lease_id: int) -> None:
+        self.client.delete(self.node_key(name))
+        self.client.revoke_lease(lease_id)
+
+    @_etcd_call
+    def nodes(self) -> list[dict]:
+        """The live nodes' entries (each under its node's lease), by name; unreadable ones left out."""
+        out = []
+        for value, _ in self.client.get_prefix(self.prefix + "nodes/"):
+            try:
+                entry = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("node"), str):
+                out.append(entry)
+        return sorted(out, key=lambda e: e["node"])
+
+    @_etcd_call
+    def record_region(self, region: int, node: str) -> None:
+        """Note that this cluster has nodes of ``region`` (no lease: the record stays)."""
+        key = f"{self.prefix}regions/{region}"
+        tx = self.client.transactions
+        self.client.transaction(
+            compare=[tx.create(key) == 0], success=[tx.put(key, orjson.dumps({"first_node": node}))], failure=[]
+        )
+
+    @_etcd_call
+    def regions(self) -> list[int]:
+        """The region numbers this cluster's nodes have used."""
+        out = set()
+        for _, meta in self.client.get_prefix(self.prefix + "regions/", keys_only=True):
+            try:
+                out.add(int(meta.key.decode().rsplit("/", 1)[1]))
+            except ValueError:
+                continue
+        return sorted(out)
 
 
 def _parse_endpoint(url: str) -> tuple[str, int, bool]:

@@ -1,0 +1,122 @@
+"""A fleet that finds itself, with real nodes and a real etcd: every node keeps
+an entry in the cluster's membership, any broker answers NODES with the live
+nodes, and brokers measure their clocks against every registered node without
+a --peers list."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+
+from nodes import FAST_LEASES, etcd_args, wait_for
+from test_operations import get, health, metric
+
+from snowfence import Client
+
+NODES_PREFIX = "/snowfence/test/nodes/"
+
+
+def names(client_or_node) -> list[str]:
+    with Client(client_or_node.endpoint, timeout_s=1.0, retries=0) as c:
+        return [n["node"] for n in c.nodes()["nodes"]]
+
+
+def test_every_node_registers_and_any_broker_lists_the_live_ones(nodes, etcd):
+    made = [nodes.start(name, workers=1, args=etcd_args(etcd, "test", *FAST_LEASES)) for name in "abc"]
+    for node in made:
+        node.wait_ready()
+    expected = sorted(n.endpoint for n in made)
+    wait_for(lambda: all(sorted(names(n)) == expected for n in made), 15, what="each broker to see all three")
+    with Client(made[0].endpoint, timeout_s=1.0) as c:
+        # Entries are rewritten every renewal interval: wait for them to say the nodes serve.
+        answer = wait_for(lambda: (lambda a: a if all(n["in_rotation"] for n in a["nodes"]) else None)(c.nodes()), 10)
+    assert answer["cluster"] == "test"
+    by_name = {n["node"]: n for n in answer["nodes"]}
+    for node in made:
+        entry = by_name[node.endpoint]
+        assert entry["endpoints"] == [node.endpoint]
+        assert entry["region"] == 0 and entry["in_rotation"] is True
+        assert entry["worker_ids"] == [w["worker_id"] for w in node.status()["workers"]]
+    assert len({n["layout_hash"] for n in answer["nodes"]}) == 1
+    assert len({n["version"] for n in answer["nodes"]}) == 1
+    assert len(etcd.get_prefix(NODES_PREFIX)) == 3
+
+    a, b, c = made
+    assert c.stop(signal.SIGTERM) == 0  # a clean stop removes its entry at once
+    assert len(etcd.get_prefix(NODES_PREFIX)) == 2
+    wait_for(lambda: sorted(names(a)) == sorted([a.endpoint, b.endpoint]), 10, what="a to forget c")
+    b.kill()  # a dead node's entry lapses with its lease (4 s here)
+    wait_for(lambda: names(a) == [a.endpoint], 15, what="b's entry to lapse")
+    assert list(etcd.get_prefix(NODES_PREFIX)) == [NODES_PREFIX + a.endpoint.replace("/", "%2F").replace(":", "%3A")]
+
+
+def test_an_embedded_node_answers_nodes_with_itself(nodes):
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    with Client(node.endpoint, timeout_s=1.0) as c:
+        answer = c.nodes()
+    assert answer["cluster"] is None
+    [entry] = answer["nodes"]
+    assert entry["endpoints"] == [node.endpoint] and entry["node"] == node.endpoint
+
+
+def test_advertised_endpoints_are_what_others_are_told(nodes, etcd):
+    node = nodes.start(
+        workers=1,
+        args=(*etcd_args(etcd, "test", *FAST_LEASES), "--advertise", "tcp://10.1.2.3:5555", "--node-name", "n1"),
+    )
+    node.wait_ready()
+    with Client(node.endpoint, timeout_s=1.0) as c:
+        [entry] = wait_for(lambda: c.nodes()["nodes"], 5)
+    assert entry["node"] == "n1" and entry["endpoints"] == ["tcp://10.1.2.3:5555"]
+
+
+def test_brokers_measure_every_registered_node_and_the_one_whose_clock_is_off_leaves_rotation(
+    nodes, etcd, tmp_path, clockshim_library
+):
+    from clock import ClockTable
+
+    skew = ClockTable(tmp_path / "c-clock", clockshim_library)
+    skew.shift_all(+300)
+    common = (*etcd_args(etcd, "test", *FAST_LEASES), "--max-peer-offset-ms", "100", "--metrics-bind", "127.0.0.1:0")
+    made = {
+        name: nodes.start(name, workers=1, args=common, env=skew.env() if name == "c" else None) for name in "abc"
+    }
+    a, c = made["a"], made["c"]
+    addr_a, addr_c = health(a), health(c)
+    # No --peers anywhere: each broker finds the others in the membership.
+    wait_for(
+        lambda: (lambda r: r if r[0] == 503 and "disagrees" in r[1] else None)(get(addr_c, "/readyz")),
+        30,
+        what="the skewed node to leave rotation",
+    )
+    for name in "ab":
+        made[name].wait_ready()
+    assert get(addr_a, "/readyz")[0] == 200
+    offset = wait_for(
+        lambda: metric(addr_a, "snowfence_peer_clock_offset_seconds", f'peer="{c.endpoint}"') or None,
+        10,
+        what="a's offset to c",
+    )
+    assert 0.25 < offset < 0.35
+    def cluster_rows():
+        shown = subprocess.run(
+            [sys.executable, "-m", "snowfence", "status", "--etcd", ",".join(etcd.endpoints), "--cluster", "test"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "3 nodes" in shown.stdout
+        return {line.split()[0]: line.split() for line in shown.stdout.splitlines() if line.startswith("ipc://")}
+
+    # Entries are rewritten every renewal interval: the status catches up within a few.
+    rows = wait_for(lambda: (lambda r: r if r[c.endpoint][2] == "no" else None)(cluster_rows()), 10)
+    assert rows[a.endpoint][2] == "yes"  # in rotation
+    offsets_a = dict(re.findall(r"(\S+) ([+-]\d+\.\d)", " ".join(rows[a.endpoint][4:])))
+    assert 250 < float(offsets_a[c.endpoint]) < 350, rows[a.endpoint]  # about +300 ms
+    skew.shift_all(0)
+    wait_for(lambda: get(addr_c, "/readyz")[0] == 200, 30, what="the node to rejoin once its clock is back")
+    skew.close()
