@@ -3,6 +3,7 @@
  * one decimal ID per line.
  *
  *     snowfence_client ENDPOINT N          e.g.  snowfence_client tcp://127.0.0.1:5555 10000
+ *     snowfence_client ENDPOINT --nodes    prints the NODES reply: the cluster's live nodes (JSON)
  *
  * A minimal client of the wire protocol in docs/PROTOCOL.md (version 1), in
  * C99 with libzmq and libc only. It keeps one RESERVE request in flight on a
@@ -38,6 +39,8 @@
 /* Wire protocol, version 1 (docs/PROTOCOL.md). All integers are big-endian. */
 #define PROTO_VERSION 1
 #define TYPE_RESERVE 0x01
+#define TYPE_NODES 0x04
+#define TYPE_NODES_REPLY 0x84
 #define TYPE_BLOCK 0x81
 #define TYPE_ERROR 0xFF
 #define HEADER_SIZE 12  /* version:u8 type:u8 flags:u16 request_id:u64 */
@@ -272,6 +275,45 @@ static enum outcome reserve_once(struct client *c, uint32_t want, uint64_t *firs
     return result;
 }
 
+/* Sends NODES and prints the JSON of its reply; 0 on success. One try: the
+ * caller may run it again (a lost reply needs no retry logic here). */
+static int nodes_once(struct client *c)
+{
+    unsigned char req[HEADER_SIZE];
+    uint64_t request_id = c->next_request_id++;
+    req[0] = PROTO_VERSION;
+    req[1] = TYPE_NODES;
+    put_u16(req + 2, 0);
+    put_u64(req + 4, request_id);
+    if (zmq_send(c->sock, req, sizeof req, 0) != (int)sizeof req) {
+        fprintf(stderr, "%s: send failed: %s\n", prog, zmq_strerror(zmq_errno()));
+        return 1;
+    }
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, c->sock, 0) < 0) {
+        fprintf(stderr, "%s: no reply to NODES within %d ms\n", prog, RECV_TIMEOUT_MS);
+        zmq_msg_close(&msg);
+        return 1;
+    }
+    int status = 1;
+    const unsigned char *p = zmq_msg_data(&msg);
+    size_t size = zmq_msg_size(&msg);
+    if (zmq_msg_more(&msg) || size < HEADER_SIZE || p[0] != PROTO_VERSION || get_u64(p + 4) != request_id) {
+        fprintf(stderr, "%s: protocol error: not a reply to NODES request %" PRIu64 "\n", prog, request_id);
+    } else if (p[1] == TYPE_ERROR) {
+        on_error(p, size);
+    } else if (p[1] != TYPE_NODES_REPLY) {
+        fprintf(stderr, "%s: protocol error: unexpected reply type 0x%02x to NODES\n", prog, (unsigned)p[1]);
+    } else {
+        fwrite(p + HEADER_SIZE, 1, size - HEADER_SIZE, stdout);
+        putchar('\n');
+        status = 0;
+    }
+    zmq_msg_close(&msg);
+    return status;
+}
+
 static void sleep_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -296,15 +338,26 @@ static int parse_count(const char *s, uint64_t *out)
 
 int main(int argc, char **argv)
 {
-    uint64_t remaining;
-    if (argc != 3 || parse_count(argv[2], &remaining) != 0) {
-        fprintf(stderr, "usage: %s ENDPOINT N\n  reserves N IDs and prints one per line\n", prog);
+    uint64_t remaining = 0;
+    int nodes = argc == 3 && strcmp(argv[2], "--nodes") == 0;
+    if (argc != 3 || (!nodes && parse_count(argv[2], &remaining) != 0)) {
+        fprintf(stderr,
+                "usage: %s ENDPOINT N\n  reserves N IDs and prints one per line\n"
+                "       %s ENDPOINT --nodes\n  prints the cluster's live nodes (JSON)\n",
+                prog, prog);
         return 2;
     }
 
     struct client c = {zmq_ctx_new(), NULL, argv[1], 1};
     if (c.ctx == NULL || open_socket(&c) != 0)
         return 1;
+    if (nodes) {
+        int rc = nodes_once(&c);
+        close_socket(&c);
+        zmq_ctx_term(c.ctx);
+        fflush(stdout);
+        return rc;
+    }
 
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);

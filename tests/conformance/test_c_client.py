@@ -81,6 +81,13 @@ def test_c_client_usage_errors(c_client):
         assert "usage" in proc.stderr and proc.stdout == ""
 
 
+def test_c_client_lists_the_nodes_of_the_cluster(c_client, server):
+    proc = run(c_client, server.endpoint, "--nodes")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [n["endpoints"] for n in doc["nodes"]] == [[server.endpoint]]
+
+
 def test_c_client_zero_ids(c_client, server):
     proc = run(c_client, server.endpoint, "0")
     assert (proc.returncode, proc.stdout) == (0, "")

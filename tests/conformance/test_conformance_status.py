@@ -172,3 +172,20 @@ def test_time_reply_carries_the_servers_wall_clock(server, sockets):
     assert t1 <= received <= sent <= t4
     offset = ((received - t1) + (sent - t4)) / 2
     assert abs(offset) <= (t4 - t1)
+
+
+def test_nodes_reply_lists_the_server_itself_in_embedded_mode(server, sockets):
+    reply = sfwire.request(sockets(), sfwire.header(0x04, 31337))
+    assert (reply.version, reply.type, reply.flags, reply.request_id) == (1, 0x84, 0, 31337), reply
+    doc = json.loads(reply.payload.decode("utf-8", errors="strict"))
+    assert set(doc) >= {"cluster", "nodes"} and doc["cluster"] is None  # embedded: a cluster of one
+    [node] = doc["nodes"]
+    assert isinstance(node["node"], str) and node["node"]
+    assert node["endpoints"] == [server.endpoint]
+    assert is_int(node["region"]) and node["in_rotation"] is True
+
+
+def test_nodes_with_a_body_or_flags_is_a_bad_request(server, sockets):
+    for body in (sfwire.header(0x04, 9) + b"x", sfwire.header(0x04, 9, flags=1)):
+        reply = sfwire.request(sockets(), body)
+        assert reply.type == sfwire.ERROR and reply.json["code"] == "bad_request" and reply.request_id == 9
