@@ -81,9 +81,7 @@ def test_brokers_measure_every_registered_node_and_the_one_whose_clock_is_off_le
     skew = ClockTable(tmp_path / "c-clock", clockshim_library)
     skew.shift_all(+300)
     common = (*etcd_args(etcd, "test", *FAST_LEASES), "--max-peer-offset-ms", "100", "--metrics-bind", "127.0.0.1:0")
-    made = {
-        name: nodes.start(name, workers=1, args=common, env=skew.env() if name == "c" else None) for name in "abc"
-    }
+    made = {name: nodes.start(name, workers=1, args=common, env=skew.env() if name == "c" else None) for name in "abc"}
     a, c = made["a"], made["c"]
     addr_a, addr_c = health(a), health(c)
     # No --peers anywhere: each broker finds the others in the membership.
@@ -101,6 +99,7 @@ def test_brokers_measure_every_registered_node_and_the_one_whose_clock_is_off_le
         what="a's offset to c",
     )
     assert 0.25 < offset < 0.35
+
     def cluster_rows():
         shown = subprocess.run(
             [sys.executable, "-m", "snowfence", "status", "--etcd", ",".join(etcd.endpoints), "--cluster", "test"],
