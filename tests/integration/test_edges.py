@@ -122,14 +122,15 @@ def test_invalid_settings_exit_78_with_one_line(tmp_path):
 def test_no_server_is_named_after_one_timeout_per_endpoint(tmp_path, command):
     endpoints = [f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"]
     args = ["reserve", "3"] if command == "reserve" else ["status"]
-    p, took_s = run_snowfence(*args, "--connect", ",".join(endpoints), "--timeout", "0.5")
+    p, took_s = run_snowfence(*args, "--connect", ",".join(endpoints), "--timeout", "1")
     assert p.returncode == 1, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
     assert "is snowfence serve running at" in lines[0] and all(ep in lines[0] for ep in endpoints), lines[0]
     assert "CURVE" not in lines[0]
-    # One timeout per endpoint (2 x 0.5 s), not the six rounds of retries a reachable server gets.
-    assert took_s < 2 * 0.5 + 2.5, f"took {took_s:.1f} s"
+    # One timeout per endpoint (2 x 1 s), not the six rounds of retries (6 s) a reachable server gets;
+    # the slack is for starting Python on a busy machine.
+    assert took_s < 2 * 1 + 3, f"took {took_s:.1f} s"
 
 
 def test_no_server_with_curve_keys_mentions_curve(tmp_path):
@@ -253,7 +254,7 @@ def test_the_asyncio_client_names_a_missing_server_as_the_blocking_one_does(tmp_
 
     async def main() -> list[str]:
         messages = []
-        async with AsyncClient(endpoints, timeout_s=0.3) as client:
+        async with AsyncClient(endpoints, timeout_s=0.5) as client:
             for call in (lambda: client.reserve(5), client.status):
                 started = time.monotonic()
                 with pytest.raises(Timeout) as caught:
@@ -263,7 +264,7 @@ def test_the_asyncio_client_names_a_missing_server_as_the_blocking_one_does(tmp_
 
     for message, took_s in run(main()):
         assert "is snowfence serve running at" in message and all(ep in message for ep in endpoints), message
-        assert took_s < 2 * 0.3 + 2.0, f"took {took_s:.1f} s: {message}"
+        assert took_s < 2 * 0.5 + 1.5, f"took {took_s:.1f} s: {message}"  # six rounds would be 3 s
 
 
 def test_a_client_that_waits_for_its_server_is_carried_over_its_start(nodes):
