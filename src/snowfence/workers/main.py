@@ -55,7 +55,7 @@ from .clock import ForwardJumps, read_kernel_clock
 from .exits import Exit
 from .lease import Keeper, Lease, PreferenceFile, Store, embedded_namespace, node_key
 from .minter import Minter
-from .states import refusal_for
+from .states import next_state, refusal_for
 
 log = logging.getLogger("snowfence.worker")
 
@@ -399,27 +399,20 @@ class Worker:
                 self.counters["loop_stalls"] += 1
             self._drop(held, f"lease lost: {held.keeper.lost}")
             return
-        now_ms = minter.now_ms()
-        wid = held.lease.worker_id
-        if held.keeper.renewals == 0:
-            self._set_state(held, "waiting", f"worker ID {wid}: waiting for the first renewal")
-        elif now_ns > minter.fence_deadline_ns:
-            self._set_state(held, "fenced", "no lease renewal succeeded within the fence window")
-        elif self.clock_veto:
-            self._set_state(held, "clock_unsafe", self.clock_veto)
-        elif minter.clock_unsafe and not minter.clock_recovered():
-            self._set_state(held, "clock_unsafe", "wall clock is behind the last minted millisecond")
-        elif now_ms <= held.lease.claimed_mark_ms:
-            self._set_state(
-                held,
-                "waiting",
-                f"worker ID {wid}: waiting for the wall clock to pass the "
-                f"previous owner's mark ({held.lease.claimed_mark_ms - now_ms} ms)",
-            )
-        elif minter.reserved_until_ms < now_ms:
-            self._set_state(held, "reserving", "waiting for the reservation to be extended")
-        else:
-            self._set_state(held, "ready", f"worker ID {wid} is ready")
+        if minter.clock_unsafe:
+            minter.clock_recovered()  # clears the flag once the clock has passed last_ms
+        state, reason = next_state(
+            worker_id=held.lease.worker_id,
+            renewals=held.keeper.renewals,
+            mono_ns=now_ns,
+            fence_deadline_ns=minter.fence_deadline_ns,
+            clock_veto=self.clock_veto,
+            clock_unsafe=minter.clock_unsafe,
+            now_ms=minter.now_ms(),
+            mark_ms=held.lease.claimed_mark_ms,
+            reserved_until_ms=minter.reserved_until_ms,
+        )
+        self._set_state(held, state, reason)
 
     def check_clock(self, now_ns: int) -> None:
         """Host-clock policies beyond the minter: forward jumps, the kernel's error bound."""
