@@ -582,9 +582,7 @@ def broken_copy(root: Path, guard: str) -> str:
         # The new owner of a worker ID no longer waits for the previous owner's mark.
         edits = {
             dst / "workers" / "minter.py": [("        if mark_ms >= self.last_ms:", "        if False:")],
-            dst / "workers" / "main.py": [
-                ("        elif now_ms <= held.lease.claimed_mark_ms:", "        elif False:")
-            ],
+            dst / "workers" / "states.py": [("    if now_ms <= mark_ms:", "    if False:")],
         }
     else:
         raise ValueError(f"unknown guard {guard!r}")

@@ -1,0 +1,255 @@
+"""Known-bad mutations of the real code, for the simulator to catch.
+
+Each mutant edits the source text of real functions (read with ``inspect``),
+compiles the edited text in the function's own module and puts it in place of
+the original, in this process only. An edit whose text is no longer found fails
+loudly (:class:`StaleMutant`): the list must follow the code, never silently
+test nothing.
+"""
+
+from __future__ import annotations
+
+import __future__
+import importlib
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+
+import sim
+
+from snowfence.workers import embedded
+
+
+class StaleMutant(RuntimeError):
+    """A mutant's edit no longer matches the code it mutates."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    #: "module:Class.method" or "module:function"
+    target: str
+    old: str
+    new: str
+    #: How many times ``old`` must occur in the function (0: at least once, all replaced).
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    what: str
+    edits: tuple[Edit, ...]
+    #: The kinds of schedule that can show it ("etcd", "embedded").
+    kinds: tuple[str, ...] = ("etcd", "embedded")
+    requires: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def available(self) -> bool:
+        if self.requires == "embedded-check":
+            return hasattr(embedded.FileLease, "check")
+        return True
+
+
+M = "snowfence.workers."
+
+MUTANTS = [
+    Mutant(
+        "mark-wait",
+        "a new owner does not wait for the previous owner's mark (minter and state machine)",
+        (
+            Edit(M + "minter:Minter.start_after", "if mark_ms >= self.last_ms:", "if False:"),
+            Edit(M + "states:next_state", "if now_ms <= mark_ms:", "if False:"),
+        ),
+    ),
+    Mutant(
+        "reserve-before-confirm",
+        "the keeper moves the minter's reservation before the store confirmed the extension",
+        (
+            Edit(
+                M + "lease:Keeper.renew_once",
+                "        if wanted > lease.reserved_until_ms:\n            lease.extend(wanted)",
+                "        minter.reserved_until_ms = max(minter.reserved_until_ms, wanted)\n"
+                "        if wanted > lease.reserved_until_ms:\n            lease.extend(wanted)",
+            ),
+        ),
+    ),
+    Mutant(
+        "fence-from-reply",
+        "the fence is counted from the renewal's reply instead of its send",
+        (
+            Edit(
+                M + "lease:Keeper.renew_once",
+                "minter.fence_deadline_ns = sent + self.fence_ns",
+                "minter.fence_deadline_ns = self._mono_ns() + self.fence_ns",
+            ),
+        ),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "release-below-last-used-etcd",
+        "etcd: a release lowers the mark below the last millisecond used",
+        (
+            Edit(
+                M + "etcd:EtcdLease.release",
+                "max(last_used_ms, self.claimed_mark_ms)",
+                "max(last_used_ms - 1, self.claimed_mark_ms)",
+            ),
+        ),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "release-below-last-used-embedded",
+        "embedded: a release lowers the mark below the last millisecond used",
+        (
+            Edit(
+                M + "embedded:FileLease.release",
+                "max(last_used_ms, self.claimed_mark_ms)",
+                "max(last_used_ms - 1, self.claimed_mark_ms)",
+                count=0,
+            ),
+        ),
+        kinds=("embedded",),
+    ),
+    Mutant(
+        "hlc-past-reservation",
+        "the hybrid logical clock may mint past the reservation",
+        (
+            Edit(
+                M + "minter:Minter.reserve",
+                "if now > self.reserved_until_ms:",
+                "if now > self.reserved_until_ms and not self.hlc:",
+            ),
+        ),
+        extra={"policy": "hlc"},
+    ),
+    Mutant(
+        "unguarded-mark-write",
+        "etcd: extending the mark is not guarded by the fencing token",
+        (Edit(M + "etcd:EtcdLease.extend", "compare=[self._guard()],", "compare=[],"),),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "unguarded-release",
+        "etcd: a release (lower the mark, delete the claim) is not guarded by the fencing token",
+        (Edit(M + "etcd:EtcdLease._release", "compare=[self._guard()]", "compare=[]"),),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "claim-ignores-mark",
+        "etcd: a claim does not read the previous owner's mark",
+        (
+            Edit(
+                M + "etcd:EtcdStore.try_claim",
+                'mark_ms = int(orjson.loads(responses[2][0][0])["reserved_until_ms"])',
+                "mark_ms = 0",
+            ),
+        ),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "claim-not-exclusive",
+        "etcd: a claim does not require the claim key to be absent",
+        (Edit(M + "etcd:EtcdStore.try_claim", "compare=[tx.create(claim_key) == 0],", "compare=[],"),),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "no-fence-check",
+        "the minter does not check the fence before minting",
+        (
+            Edit(
+                M + "minter:Minter.reserve",
+                "if self._mono_ns() > self.fence_deadline_ns:\n            raise Fenced(",
+                "if False:\n            raise Fenced(",
+            ),
+        ),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "sequence-restart",
+        "the minter restarts the sequence within a millisecond it already used",
+        (
+            Edit(
+                M + "minter:Minter.reserve",
+                "        elif now == last and self.seq < self._max_seq and now >= floor_ms:\n"
+                "            seq = self.seq + 1",
+                "        elif now == last and self.seq < self._max_seq and now >= floor_ms:\n            seq = 0",
+            ),
+        ),
+    ),
+    Mutant(
+        "refusal-commits",
+        "a refusal for an expired reservation still moves the minter's last millisecond",
+        (
+            Edit(
+                M + "minter:Minter.reserve",
+                "        if now > self.reserved_until_ms:\n            raise ReservationExpired(",
+                "        if now > self.reserved_until_ms:\n            self.last_ms = now\n"
+                "            raise ReservationExpired(",
+            ),
+        ),
+    ),
+    Mutant(
+        "lease-lost-not-fenced",
+        "the keeper does not fence the minter when the store says the lease is lost",
+        (
+            Edit(
+                M + "lease:Keeper.run",
+                "                self.lost = exc\n                self.minter.fence_deadline_ns = -1\n",
+                "                self.lost = exc\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "embedded-lock-not-rechecked",
+        "embedded: the holder does not re-check that its lock file is still the one at the path",
+        (
+            Edit(
+                M + "embedded:FileLease.check",
+                "        lock_path, mark_path = self._store.paths(self.worker_id)\n",
+                "        return\n        lock_path, mark_path = self._store.paths(self.worker_id)\n",
+            ),
+        ),
+        kinds=("embedded",),
+        requires="embedded-check",
+    ),
+]
+
+BY_NAME = {m.name: m for m in MUTANTS}
+
+
+def _resolve(target: str):
+    module_name, _, path = target.partition(":")
+    module = importlib.import_module(module_name)
+    owner, _, name = path.rpartition(".")
+    holder = getattr(module, owner) if owner else module
+    return module, holder, name
+
+
+def apply(mutant: Mutant) -> None:
+    """Put the mutated functions in place (in this process)."""
+    if not mutant.available():
+        raise StaleMutant(f"{mutant.name}: the code it mutates is not there ({mutant.requires})")
+    for edit in mutant.edits:
+        module, holder, name = _resolve(edit.target)
+        fn = inspect.getattr_static(holder, name)
+        src = sim.source_of(fn)
+        n = src.count(edit.old)
+        if n == 0 or (edit.count and n != edit.count):
+            raise StaleMutant(
+                f"{mutant.name}: {edit.target} contains {edit.old!r} {n} times, not {edit.count or 'at least once'}; "
+                "update tests/sim/mutants.py"
+            )
+        new_src = src.replace(edit.old, edit.new)
+        code = compile(
+            textwrap.dedent(new_src),
+            f"<mutant {mutant.name}: {edit.target}>",
+            "exec",
+            flags=__future__.annotations.compiler_flag,
+            dont_inherit=True,
+        )
+        namespace: dict = {}
+        exec(code, module.__dict__, namespace)
+        new_fn = namespace[name]
+        sim.SOURCES[new_fn] = new_src
+        setattr(holder, name, new_fn)
+    sim.reload()

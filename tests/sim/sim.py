@@ -1,0 +1,1248 @@
+"""A deterministic simulation of snowfence's uniqueness protocol.
+
+One schedule is one small cluster run from empty state on simulated time, with
+faults at moments chosen from the schedule's seed. What runs is the real code:
+
+* the real :class:`~snowfence.workers.minter.Minter` of every held worker ID;
+* the real state decision, :func:`~snowfence.workers.states.next_state`;
+* the real :class:`~snowfence.workers.lease.Keeper`: its ``run`` loop is turned
+  into a generator by replacing each ``self._sleep(x)`` with ``yield x`` (so its
+  retry, back-off, stall and lease-lost decisions are the real ones), and the
+  simulator resumes it when the sleep is over or when ``wake()`` is called;
+* the real stores: :class:`~snowfence.workers.etcd.EtcdStore` and ``EtcdLease``
+  talking to a simulated etcd through a fake of the small client surface they use
+  (``transaction`` with compares on ``create_revision``, lease grant, keep-alive,
+  revoke, ``get_prefix``), built from the client library's own compare and
+  operation objects; or the real :class:`~snowfence.workers.embedded.FileStore`
+  on a directory on tmpfs, where ``flock`` between two descriptors conflicts
+  even inside one process, so several simulated processes have real lock
+  semantics.
+
+What is simulated is everything around them: the worker loop of each process
+(its serving, claiming and dropping mirror ``Worker`` in ``workers/main.py``),
+requests, the hosts' clocks, the network to etcd, and the faults.
+
+Time: one true clock (``World.T``, ns); each host has a monotonic clock running
+at its own rate (drift up to 500 ppm) and a wall clock that can be stepped,
+frozen or slewed. Anything that waits (an etcd call, the minter's sleep, a pause
+injected inside a call) advances simulated time and lets every other thread run
+meanwhile; a thread is one of a process's minting loop or its keepers, and a
+paused process runs none of them.
+
+Invariants, checked at every mint and after every step (see :class:`Checker`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import inspect
+import os
+import random
+import re
+import shutil
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import orjson
+
+from snowfence.config import Config
+from snowfence.errors import (
+    BadRequest,
+    ClockUnsafe,
+    ConfigError,
+    Fenced,
+    LeaseLost,
+    Refused,
+    ReservationExpired,
+    SnowfenceError,
+    TokenAhead,
+)
+from snowfence.workers import embedded as embedded_mod
+from snowfence.workers import etcd as etcd_mod
+from snowfence.workers import lease as lease_mod
+from snowfence.workers.minter import NO_FLOOR, Minter
+from snowfence.workers import states as states_mod
+from snowfence.workers.states import READY, State
+
+NS = 1_000_000_000
+MS = 1_000_000
+
+
+class Violation(Exception):
+    """An invariant broke; the schedule stops."""
+
+
+class Died(BaseException):
+    """The thread's process was killed while the thread was inside a call.
+
+    A BaseException, so that no ``except Exception`` of the real code catches it:
+    a killed process runs no more of its code.
+    """
+
+
+# -- the keeper's loop, as a generator ---------------------------------------------------
+
+#: Source texts of functions replaced by a mutant (inspect cannot read exec'd code).
+SOURCES: dict[object, str] = {}
+
+
+def source_of(fn) -> str:
+    return SOURCES.get(fn) or textwrap.dedent(inspect.getsource(fn))
+
+
+def keeper_steps_function():
+    """``Keeper.run`` with its sleeps as yields: the real loop, driven by the simulator."""
+    src = source_of(lease_mod.Keeper.run)
+    src, n = re.subn(r"self\._sleep\(([^()]*(?:\([^()]*\))?[^()]*)\)", r"(yield \1)", src)
+    if n == 0 or "def run(self)" not in src:
+        raise RuntimeError("Keeper.run no longer sleeps through self._sleep(...): update tests/sim/sim.py")
+    src = src.replace("def run(self)", "def sim_run(self)", 1)
+    namespace: dict = {}
+    exec(compile(src, lease_mod.__file__, "exec", dont_inherit=True), lease_mod.__dict__, namespace)
+    return namespace["sim_run"]
+
+
+# -- time ------------------------------------------------------------------------------
+
+
+class HostClock:
+    """A host's monotonic and wall clocks, as functions of the true time."""
+
+    __slots__ = ("w", "m0", "t0", "rate", "off", "frozen")
+
+    def __init__(self, world: World, mono0_ns: int, wall_off_ns: int, ppm: float) -> None:
+        self.w = world
+        self.m0 = mono0_ns
+        self.t0 = world.T
+        self.rate = 1.0 + ppm * 1e-6
+        self.off = wall_off_ns
+        self.frozen: int | None = None
+
+    def mono(self) -> int:
+        return self.m0 + int((self.w.T - self.t0) * self.rate)
+
+    def wall(self) -> int:
+        frozen = self.frozen
+        return frozen if frozen is not None else self.m0 + int((self.w.T - self.t0) * self.rate) + self.off
+
+    def set_drift(self, ppm: float) -> None:
+        self.m0 = self.mono()
+        self.t0 = self.w.T
+        self.rate = 1.0 + ppm * 1e-6
+
+
+# -- threads, processes, nodes ----------------------------------------------------------
+
+
+class Thread:
+    """A thread of a simulated process: the minting loop, or one keeper."""
+
+    __slots__ = ("proc", "inc", "busy", "deferred", "busy_since", "name")
+
+    def __init__(self, proc: Proc, name: str) -> None:
+        self.proc = proc
+        self.inc = proc.inc
+        self.busy = 0
+        self.deferred: list = []
+        self.busy_since = 0
+        self.name = name
+
+    @property
+    def alive(self) -> bool:
+        return self.inc == self.proc.inc and self.proc.up
+
+
+class Held:
+    """One worker ID a simulated process holds (as ``Held`` in workers/main.py)."""
+
+    __slots__ = ("lease", "keeper", "minter", "state", "thread", "gen", "sleep_id", "sleep_start", "sleep_asked",
+                 "doomed", "doomed_checked", "stopped")
+
+    def __init__(self, lease, keeper, minter, thread) -> None:
+        self.lease = lease
+        self.keeper = keeper
+        self.minter = minter
+        self.state = State.WAITING
+        self.thread = thread
+        self.gen = None
+        self.sleep_id = 0
+        self.sleep_start = 0
+        self.sleep_asked = 0.0
+        #: Embedded: its lock file was removed underneath; checked: a keeper renewal ran since.
+        self.doomed = False
+        self.doomed_checked = False
+        self.stopped = False
+
+
+class SimWake:
+    """Stands in for the keeper's threading.Event: ``set`` resumes the keeper now."""
+
+    __slots__ = ("world", "held")
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.held: Held | None = None
+
+    def set(self) -> None:
+        h = self.held
+        if h is not None and h.gen is not None and not h.stopped:
+            self.world.wake_keeper(h)
+
+    def clear(self) -> None:
+        pass
+
+    def wait(self, seconds) -> bool:  # pragma: no cover - the generator never sleeps for real
+        raise RuntimeError("the simulated keeper must not block")
+
+
+class Node:
+    """A host: its clocks, its processes, its view of the network."""
+
+    def __init__(self, world: World, index: int, clock: HostClock) -> None:
+        self.world = world
+        self.index = index
+        self.clock = clock
+        self.procs: list[Proc] = []
+        self.slow_until = 0
+        self.commit_then_timeout = 0
+        self.cut: set[int] = set()  # etcd members this node cannot reach
+
+
+class Proc:
+    """One worker process (a slot of a node), across its restarts."""
+
+    def __init__(self, world: World, node: Node, slot: int, config: Config) -> None:
+        self.world = world
+        self.node = node
+        self.slot = slot
+        self.config = config
+        self.inc = 0
+        self.up = False
+        self.paused_until = 0
+        self.pause_in_call = 0
+        self.held: list[Held] = []
+        self.ready: list[Held] = []
+        self.rr = 0
+        self.store = None
+        self.layout_checked = False
+        self.next_claim = 0
+        self.claim_backoff = 0.25
+        self.preferred: list[int | None] = [None] * config.ids_per_worker
+        self.loop: Thread | None = None
+        self.holder = f"n{node.index}:s{slot}"
+        self.next_tick = 0
+        self.dirty = True
+
+    # The minter's and keeper's clocks: the host's, with a pause injectable inside a call.
+    def wall_ns(self) -> int:
+        if self.pause_in_call:
+            self.world.pause_inside_call(self)
+        return self.node.clock.wall()
+
+    def mono_ns(self) -> int:
+        return self.node.clock.mono()
+
+    def sleep(self, seconds: float) -> None:
+        self.world.elapse(max(int(seconds * NS / self.node.clock.rate), 1000))
+
+    def loop_ns(self) -> int:
+        """When the minting loop last turned: now, unless it is inside a call."""
+        loop = self.loop
+        if loop is not None and loop.busy:
+            return loop.busy_since
+        return self.node.clock.mono()
+
+
+# -- the simulated etcd ---------------------------------------------------------------------
+
+
+class RpcError(Exception):
+    """What the client library raises for a failed call (its gRPC errors)."""
+
+
+@dataclass
+class KV:
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+
+class Meta:
+    """The client library's KVMetadata."""
+
+    __slots__ = ("key", "create_revision", "mod_revision", "version", "lease_id")
+
+    def __init__(self, key: str, kv: KV) -> None:
+        self.key = key.encode()
+        self.create_revision = kv.create_revision
+        self.mod_revision = kv.mod_revision
+        self.version = kv.version
+        self.lease_id = kv.lease
+
+
+def _compare_target(compare, kv: KV | None):
+    from pyetcd import transactions as tx
+
+    if isinstance(compare, tx.Create):
+        return kv.create_revision if kv else 0
+    if isinstance(compare, tx.Mod):
+        return kv.mod_revision if kv else 0
+    if isinstance(compare, tx.Version):
+        return kv.version if kv else 0
+    if isinstance(compare, tx.Value):
+        return kv.value if kv else None
+    raise RpcError(f"unsupported compare {compare!r}")
+
+
+class EtcdServer:
+    """One etcd cluster's state, linearizable: revisions, create_revision, leases on true time."""
+
+    MEMBERS = 3
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.rev = 1
+        self.kv: dict[str, KV] = {}
+        #: lease id -> [granted ttl s, expiry (true ns), keys]
+        self.leases: dict[int, list] = {}
+        self.next_lease = 0x7A00_0000 + world.rng.randrange(1 << 16)
+        self.down: set[int] = set()
+        self.leader = 0
+
+    # -- leases on simulated time
+    def expire(self) -> None:
+        now = self.world.T
+        dead = [lid for lid, v in self.leases.items() if v[1] <= now]
+        for lid in dead:
+            self._drop_lease(lid)
+
+    def _drop_lease(self, lid: int) -> None:
+        _, _, keys = self.leases.pop(lid)
+        deleted = False
+        for key in sorted(keys):
+            kv = self.kv.get(key)
+            if kv is not None and kv.lease == lid:
+                if not deleted:
+                    self.rev += 1
+                    deleted = True
+                del self.kv[key]
+                self.world.marks_dirty = True
+
+    def member_down(self, m: int) -> None:
+        self.down.add(m)
+        if m == self.leader:
+            up = [i for i in range(self.MEMBERS) if i not in self.down]
+            if up:
+                self._elect(up[0])
+
+    def member_up(self, m: int) -> None:
+        self.down.discard(m)
+        if self.leader in self.down:
+            self._elect(m)
+
+    def _elect(self, m: int) -> None:
+        # A new leader renews every lease to its full TTL (etcd's lease extension on election).
+        self.expire()
+        self.leader = m
+        for v in self.leases.values():
+            v[1] = max(v[1], self.world.T + v[0] * NS)
+
+    def has_quorum(self) -> bool:
+        return len(self.down) * 2 < self.MEMBERS
+
+    # -- the API
+    def grant(self, ttl: int):
+        self.expire()
+        self.next_lease += 1 + self.world.rng.randrange(7)
+        lid = self.next_lease
+        self.leases[lid] = [ttl, self.world.T + ttl * NS, set()]
+        return SimpleNamespace(id=lid, ttl=ttl)
+
+    def keepalive(self, lid: int):
+        self.expire()
+        lease = self.leases.get(lid)
+        if lease is None:
+            return SimpleNamespace(ID=lid, TTL=0)
+        lease[1] = self.world.T + lease[0] * NS
+        return SimpleNamespace(ID=lid, TTL=lease[0])
+
+    def revoke(self, lid: int) -> None:
+        self.expire()
+        if lid not in self.leases:
+            raise RpcError("NOT_FOUND: etcdserver: requested lease not found")
+        self._drop_lease(lid)
+
+    def get_prefix(self, prefix: str, keys_only: bool = False):
+        self.expire()
+        return [(b"" if keys_only else kv.value, Meta(k, kv)) for k, kv in sorted(self.kv.items()) if k.startswith(prefix)]
+
+    def txn(self, compare, success, failure):
+        from pyetcd import transactions as tx
+
+        self.expire()
+        ok = True
+        for c in compare:
+            have = _compare_target(c, self.kv.get(c.key))
+            want = c.value
+            if c.op == tx.etcdrpc.Compare.EQUAL:
+                hold = have == want
+            elif c.op == tx.etcdrpc.Compare.NOT_EQUAL:
+                hold = have != want
+            elif c.op == tx.etcdrpc.Compare.LESS:
+                hold = have < want
+            elif c.op == tx.etcdrpc.Compare.GREATER:
+                hold = have > want
+            else:
+                raise RpcError("INVALID_ARGUMENT: compare without an operator")
+            if not hold:
+                ok = False
+                break
+        ops = success if ok else failure
+        for op in ops:
+            if isinstance(op, tx.Put) and op.lease and op.lease not in self.leases:
+                raise RpcError("NOT_FOUND: etcdserver: requested lease not found")
+        writes = any(isinstance(op, (tx.Put, tx.Delete)) for op in ops)
+        rev = self.rev + 1 if writes else self.rev
+        responses = []
+        for op in ops:
+            if isinstance(op, tx.Put):
+                old = self.kv.get(op.key)
+                if old is not None and old.lease in self.leases:
+                    self.leases[old.lease][2].discard(op.key)
+                value = op.value if isinstance(op.value, bytes) else str(op.value).encode()
+                self.kv[op.key] = KV(value, old.create_revision if old else rev, rev, (old.version if old else 0) + 1,
+                                     op.lease or 0)
+                if op.lease:
+                    self.leases[op.lease][2].add(op.key)
+                responses.append(SimpleNamespace(kind="put"))
+                self.world.marks_dirty = True
+            elif isinstance(op, tx.Delete):
+                self.kv.pop(op.key, None)
+                responses.append(SimpleNamespace(kind="delete"))
+                self.world.marks_dirty = True
+            elif isinstance(op, tx.Get):
+                kv = self.kv.get(op.key)
+                responses.append([] if kv is None else [(kv.value, Meta(op.key, kv))])
+            else:
+                raise RpcError(f"unsupported operation {op!r}")
+        self.rev = rev
+        return ok, responses
+
+    def delete_key(self, key: str) -> bool:
+        """An operator's ``etcdctl del``: the key goes, whoever held it."""
+        self.expire()
+        kv = self.kv.pop(key, None)
+        if kv is None:
+            return False
+        if kv.lease in self.leases:
+            self.leases[kv.lease][2].discard(key)
+        self.rev += 1
+        self.world.marks_dirty = True
+        return True
+
+
+class FakeClient:
+    """The surface of pyetcd's MultiEndpointEtcd3Client that workers/etcd.py uses.
+
+    Every call goes to the member ``_current_endpoint_label`` names, through this
+    node's network: a member that is down refuses at once, one cut off or without
+    a quorum times out after the deadline, a slow network can make a call time
+    out after it committed, or time out before it arrived.
+    """
+
+    def __init__(self, world: World, proc: Proc, labels: list[str], timeout_s: float) -> None:
+        from pyetcd.client import Transactions
+
+        self.world = world
+        self.proc = proc
+        self.transactions = Transactions()
+        self.endpoints = {label: SimpleNamespace(last_failed=0) for label in labels}
+        self._labels = labels
+        self._current_endpoint_label = labels[world.rng.randrange(len(labels))]
+        self.timeout_ns = int(timeout_s * NS)
+
+    def _call(self, fn, what: str):
+        w = self.world
+        node = self.proc.node
+        server = w.etcd
+        member = self._labels.index(self._current_endpoint_label)
+        w.check_alive()
+        if member in server.down:
+            w.elapse(200_000)
+            raise RpcError(f"UNAVAILABLE: {what}: connection refused by member {member}")
+        if member in node.cut or not server.has_quorum():
+            w.elapse(self.timeout_ns)
+            raise RpcError(f"DEADLINE_EXCEEDED: {what}")
+        rng = w.rng
+        if w.T < node.slow_until:
+            up, down = rng.randrange(int(self.timeout_ns * 1.2)), rng.randrange(int(self.timeout_ns * 0.8))
+        else:
+            up, down = rng.randrange(50_000, 1_500_000), rng.randrange(50_000, 1_500_000)
+        if up >= self.timeout_ns:
+            w.elapse(self.timeout_ns)
+            raise RpcError(f"DEADLINE_EXCEEDED: {what}")
+        w.elapse(up)
+        if not server.has_quorum() or member in server.down:
+            w.elapse(self.timeout_ns - up)
+            raise RpcError(f"DEADLINE_EXCEEDED: {what}")
+        result = fn()
+        if node.commit_then_timeout and rng.random() < 0.5:
+            node.commit_then_timeout -= 1
+            w.counts["committed_then_timed_out"] += 1
+            w.elapse(self.timeout_ns - up)
+            raise RpcError(f"DEADLINE_EXCEEDED: {what} (it committed)")
+        if up + down >= self.timeout_ns:
+            w.elapse(self.timeout_ns - up)
+            w.counts["committed_then_timed_out"] += 1
+            raise RpcError(f"DEADLINE_EXCEEDED: {what} (it committed)")
+        w.elapse(down)
+        return result
+
+    def transaction(self, compare, success=None, failure=None):
+        return self._call(lambda: self.world.etcd.txn(compare, success or [], failure or []), "txn")
+
+    def lease(self, ttl, lease_id=None):
+        return self._call(lambda: self.world.etcd.grant(ttl), "lease_grant")
+
+    def refresh_lease(self, lease_id):
+        sent = self.proc.node.clock.mono()
+        response = self._call(lambda: self.world.etcd.keepalive(lease_id), "keepalive")
+        if response.TTL > 0:
+            self.world.renewed[lease_id] = sent  # a success the caller is told of, sent at `sent`
+        else:
+            self.world.told_lost.add(lease_id)
+        yield response
+
+    def revoke_lease(self, lease_id):
+        return self._call(lambda: self.world.etcd.revoke(lease_id), "lease_revoke")
+
+    def get_prefix(self, prefix, keys_only=False, **kwargs):
+        return self._call(lambda: self.world.etcd.get_prefix(prefix, keys_only), "range")
+
+    def get_lease_info(self, lease_id):  # census only
+        raise RpcError("UNIMPLEMENTED")
+
+    def close(self):
+        pass
+
+
+# -- the checker ------------------------------------------------------------------------------
+
+
+class Checker:
+    """The invariants.
+
+    At every mint:
+
+    * no ID is issued twice (every block against every block of its worker ID);
+    * the IDs of a worker ID increase across owners: within one owner (fencing
+      token) each block is above the last, and every ID of a lower token is below
+      every ID of a higher one;
+    * nothing is minted above the persisted mark (the store's, read directly);
+    * nothing is minted by a fenced owner (etcd: no renewal that was reported a
+      success to the owner was sent within ``fence_after_s`` of the call's start,
+      on the host's monotonic clock), nor by a stale one (its etcd lease had
+      expired in the store, or the store had told it the lease was lost, or, in
+      embedded mode, a renewal had run since its lock file was removed);
+    * a block decodes to the worker ID and region that minted it.
+
+    At every refusal: a refused call changes nothing (last millisecond and sequence).
+    After every step: no mark in the store is below a millisecond already minted
+    (a mark lowered too far lets the next owner repeat IDs).
+    """
+
+    def __init__(self, world: World) -> None:
+        self.w = world
+        self.blocks: dict[int, list[tuple[int, int]]] = {}
+        self.by_token: dict[int, dict[int, list[int]]] = {}
+        self.max_ms: dict[int, int] = {}
+        self.ids = 0
+        self.mints = 0
+
+    def fail(self, what: str) -> None:
+        raise Violation(what)
+
+    def mint(self, p: Proc, h: Held, t0_mono: int, t0_true: int, first: int, count: int) -> None:
+        w = self.w
+        layout = w.layout
+        wid = h.lease.worker_id
+        token = h.lease.token
+        last = first + count - 1
+        self.mints += 1
+        self.ids += count
+        if count < 1:
+            self.fail(f"worker ID {wid} minted an empty block")
+        ms = (first >> layout.time_shift) & layout.max_ms
+        if (last >> layout.time_shift) & layout.max_ms != ms:
+            self.fail(f"worker ID {wid}: block {first}+{count} crosses a millisecond")
+        got_wid = (first >> layout.worker_shift) & layout.max_worker
+        got_region = (first >> layout.region_shift) & layout.max_region
+        if got_wid != wid or got_region != w.region:
+            self.fail(f"worker ID {wid} minted ID {first} of worker ID {got_wid} region {got_region}")
+        # Fenced or stale?
+        if w.kind == "etcd":
+            lid = h.lease.lease_id
+            sent = w.renewed.get(lid)
+            if sent is None or t0_mono > sent + w.fence_ns:
+                self.fail(
+                    f"fenced owner minted: worker ID {wid} token {token} minted at mono {t0_mono} with the last "
+                    f"renewal it was told succeeded sent at {sent} (fence {w.fence_ns} ns)"
+                )
+            lease = w.etcd.leases.get(lid)
+            if lease is None or lease[1] <= t0_true:
+                self.fail(f"stale owner minted: worker ID {wid} token {token} minted after its etcd lease expired")
+            if lid in w.told_lost:
+                self.fail(f"stale owner minted: worker ID {wid} token {token} minted after etcd said its lease is gone")
+        elif h.doomed_checked:
+            self.fail(
+                f"stale owner minted: worker ID {wid} token {token} minted after its lock file was removed and its "
+                "keeper had checked the lease since"
+            )
+        if h.keeper.lost is not None:
+            self.fail(f"stale owner minted: worker ID {wid} token {token} minted after its keeper found it lost")
+        # Above the persisted mark?
+        persisted = w.persisted_mark(wid)
+        if ms > persisted:
+            self.fail(f"worker ID {wid} token {token} minted millisecond {ms} above the persisted mark {persisted}")
+        # Issued twice?
+        blocks = self.blocks.setdefault(wid, [])
+        i = bisect.bisect_left(blocks, (first, last))
+        for j in (i - 1, i):
+            if 0 <= j < len(blocks):
+                a, b = blocks[j]
+                if a <= last and first <= b:
+                    self.fail(f"ID issued twice: worker ID {wid} block {first}..{last} overlaps {a}..{b}")
+        blocks.insert(i, (first, last))
+        # Increasing across owners?
+        toks = self.by_token.setdefault(wid, {})
+        mine = toks.get(token)
+        if mine is not None and first <= mine[1]:
+            self.fail(f"worker ID {wid} token {token}: block {first} is not above the owner's last ID {mine[1]}")
+        for t2, (lo, hi) in toks.items():
+            if t2 < token and hi >= first:
+                self.fail(f"worker ID {wid}: token {token} minted {first}, not above token {t2}'s ID {hi}")
+            if t2 > token and lo <= last:
+                self.fail(f"worker ID {wid}: token {token} minted {last}, not below token {t2}'s ID {lo}")
+        if mine is None:
+            toks[token] = [first, last]
+        else:
+            mine[1] = last
+        if ms > self.max_ms.get(wid, -1):
+            self.max_ms[wid] = ms
+
+    def refused(self, h: Held, before: tuple[int, int], err: Exception) -> None:
+        m = h.minter
+        if (m.last_ms, m.seq) != before:
+            self.fail(
+                f"a refused call changed the minter: worker ID {h.lease.worker_id} {type(err).__name__} "
+                f"({err}) moved (last_ms, seq) from {before} to {(m.last_ms, m.seq)}"
+            )
+
+    def step(self) -> None:
+        w = self.w
+        if not w.marks_dirty:
+            return
+        w._mark_cache.clear()
+        for wid, ms in self.max_ms.items():
+            persisted = w._mark_cache[wid] = w._read_mark(wid)
+            if persisted < ms:
+                self.fail(f"the mark of worker ID {wid} is {persisted}, below millisecond {ms} already minted")
+        w.marks_dirty = False
+
+
+# -- the world ---------------------------------------------------------------------------
+
+
+class World:
+    """One schedule: the cluster, its clocks, its faults, run from one seed."""
+
+    def __init__(
+        self, seed: int, shm: str | None = None, kind: str | None = None, policy: str | None = None, long: bool = False
+    ) -> None:
+        self.seed = seed
+        self.rng = rng = random.Random(seed)
+        self.T = 0
+        self.heap: list = []
+        self.seq = 0
+        self.current: Thread | None = None
+        self.marks_dirty = False
+        self.counts: dict[str, int] = {"committed_then_timed_out": 0}
+        self.faults: list[tuple[float, str]] = []
+        self.keeper_run = KEEPER_RUN
+        self.kind = kind or ("embedded" if rng.random() < EMBEDDED_SHARE else "etcd")
+        self.region = 1
+        # A small layout: four worker IDs (so they change hands) and 64 IDs per ms.
+        ttl = rng.choice([10, 10, 4])
+        scale = ttl / 10
+        keepalive = rng.choice([2.0, 2.0, 1.0]) * scale
+        window = keepalive * rng.choice([2.5, 2.5, 1.5, 1.1])
+        policy = rng.choice(["wait", "wait", "hlc"]) if policy is None else policy
+        self.config_kwargs = dict(
+            region=self.region,
+            time_bits=53,
+            region_bits=2,
+            worker_bits=2,
+            sequence_bits=6,
+            workers=1,
+            ids_per_worker=rng.choice([1, 1, 2]),
+            lease_ttl_s=ttl,
+            keepalive_interval_s=keepalive,
+            fence_after_s=5.0 * scale,
+            reservation_window_s=window,
+            etcd_timeout_s=1.0 * scale,
+            max_step_back_ms=10,
+            clock_policy=policy,
+            max_ahead_ms=min(1000, int(window * 1000) - 1),
+            loop_stall_s=5.0 * scale,
+            cluster="sim",
+        )
+        self.tmp: str | None = None
+        if self.kind == "etcd":
+            self.config_kwargs["etcd"] = ("http://127.0.0.1:2379", "http://127.0.0.1:2380", "http://127.0.0.1:2381")
+            self.etcd = EtcdServer(self)
+        else:
+            self.tmp = tempfile.mkdtemp(prefix="snowfence-sim-", dir=shm)
+            self.config_kwargs["state_dir"] = self.tmp
+            self.etcd = None
+        self.config = Config(**self.config_kwargs)
+        self.layout = self.config.layout
+        self.fence_ns = int(self.config.fence_after_s * NS)
+        self.window_ms = int(self.config.reservation_window_s * 1000)
+        self.renewed: dict[int, int] = {}
+        self.told_lost: set[int] = set()
+        self.checker = Checker(self)
+        self._mark_cache: dict[int, int] = {}
+        # Hosts: embedded mode is one host; etcd mode one to three, clocks apart by up to 2 s.
+        epoch_ns = self.layout.epoch_ms * MS
+        base_wall = epoch_ns + rng.randrange(10**6) * NS
+        n_nodes = 1 if self.kind == "embedded" else rng.choice([2, 2, 3])
+        self.nodes: list[Node] = []
+        self.procs: list[Proc] = []
+        for i in range(n_nodes):
+            mono0 = rng.randrange(1, 10**6) * NS
+            skew = 0 if i == 0 or rng.random() < 0.5 else rng.randrange(-2000, 2000) * MS
+            clock = HostClock(self, mono0, base_wall + skew - mono0, rng.uniform(-500, 500))
+            node = Node(self, i, clock)
+            self.nodes.append(node)
+            for slot in range(rng.choice([1, 1, 2]) if self.kind == "etcd" else rng.choice([2, 3])):
+                proc = Proc(self, node, slot, self.config)
+                node.procs.append(proc)
+                self.procs.append(proc)
+        self.long = long
+        self.horizon = int(rng.uniform(15, 40) * scale * NS * (LONG_FACTOR if long else 1))
+
+    # -- the event loop
+    def at(self, t: int, thread: Thread | None, fn, *args) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, thread, thread.inc if thread is not None else 0, fn, args))
+
+    def run_until(self, t_end: int) -> None:
+        heap = self.heap
+        pop = heapq.heappop
+        step = self.checker.step
+        while heap and heap[0][0] <= t_end:
+            t, _, th, inc, fn, args = pop(heap)
+            if t > self.T:
+                self.T = t
+            if th is not None:
+                p = th.proc
+                if inc != p.inc or not p.up:
+                    continue
+                if p.paused_until > self.T:
+                    self.seq += 1
+                    heapq.heappush(heap, (p.paused_until, self.seq, th, inc, fn, args))
+                    continue
+                if th.busy:
+                    th.deferred.append((fn, args))
+                    continue
+            outer = self.current
+            self.current = th
+            try:
+                fn(*args)
+            except Died:
+                pass
+            finally:
+                self.current = outer
+            step()
+        if t_end > self.T:
+            self.T = t_end
+
+    def elapse(self, dt: int) -> None:
+        """The current thread waits ``dt`` ns (a call, a sleep); everything else runs meanwhile."""
+        th = self.current
+        if th is None:
+            self.run_until(self.T + dt)
+            return
+        if th.busy == 0:
+            th.busy_since = th.proc.node.clock.mono()
+        th.busy += 1
+        try:
+            self.run_until(self.T + dt)
+            p = th.proc
+            while p.paused_until > self.T and th.inc == p.inc:
+                self.run_until(p.paused_until)
+        finally:
+            th.busy -= 1
+            self.current = th
+        if not th.alive:
+            raise Died()
+        if th.busy == 0 and th.deferred:
+            deferred, th.deferred = th.deferred, []
+            for fn, args in deferred:
+                self.at(self.T, th, fn, *args)
+
+    def check_alive(self) -> None:
+        th = self.current
+        if th is not None and not th.alive:
+            raise Died()
+
+    def pause_inside_call(self, p: Proc) -> None:
+        """A process paused in the middle of whatever its thread is doing (just before minting)."""
+        dt, p.pause_in_call = p.pause_in_call, 0
+        p.paused_until = max(p.paused_until, self.T + dt)
+        self.elapse(dt)
+
+    # -- marks as the store has them
+    def persisted_mark(self, wid: int) -> int:
+        if not self.marks_dirty:
+            cached = self._mark_cache.get(wid)
+            if cached is not None:
+                return cached
+        value = self._mark_cache[wid] = self._read_mark(wid)
+        return value
+
+    def _read_mark(self, wid: int) -> int:
+        if self.kind == "etcd":
+            kv = self.etcd.kv.get(f"/snowfence/sim/marks/{self.region}/{wid}")
+            return -1 if kv is None else orjson.loads(kv.value)["reserved_until_ms"]
+        path = Path(self.tmp) / "regions" / str(self.region) / f"worker-{wid}.mark"
+        try:
+            return orjson.loads(path.read_bytes())["reserved_until_ms"]
+        except FileNotFoundError:
+            return -1
+
+    # -- processes
+    def start(self, p: Proc) -> None:
+        p.inc += 1
+        p.up = True
+        p.paused_until = 0
+        p.pause_in_call = 0
+        p.held, p.ready = [], []
+        p.layout_checked = False
+        p.next_claim = 0
+        p.claim_backoff = 0.25
+        p.loop = Thread(p, "loop")
+        if self.kind == "etcd":
+            store = etcd_mod.EtcdStore(p.config)
+            store._build_client = lambda: FakeClient(self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)],
+                                                     p.config.etcd_timeout_s)
+        else:
+            store = embedded_mod.FileStore(p.config.state_dir, self.layout, self.region)
+        p.store = store
+        self.at(self.T, p.loop, self.tick, p)
+        self.at(self.T + self.rng.randrange(1, 50 * MS), p.loop, self.request, p)
+
+    def crash(self, p: Proc) -> None:
+        """SIGKILL: the kernel drops the file locks; the minters' memory is gone; etcd leases lapse."""
+        if not p.up:
+            return
+        for h in p.held:
+            h.stopped = True
+            if self.kind == "embedded":
+                h.lease.abandon()
+        p.held, p.ready = [], []
+        p.up = False
+        p.inc += 1
+
+    def clean_stop(self, p: Proc) -> None:
+        """SIGTERM: what ``Worker.release_all`` does, then exit."""
+        if not p.up:
+            return
+        if p.paused_until > self.T or p.loop.busy:
+            # A stopped process, or one inside a call, would act on SIGTERM later; kill it now instead.
+            self.crash(p)
+            return
+        outer = self.current
+        self.current = p.loop
+        try:
+            for h in p.held:
+                h.stopped = True
+                h.keeper.stop()
+            for h in p.held:
+                try:
+                    if h.keeper.lost is None:
+                        h.lease.release(h.minter.last_ms)
+                    else:
+                        h.lease.abandon()
+                except SnowfenceError:
+                    h.lease.abandon()
+        except Died:
+            pass
+        finally:
+            self.current = outer
+        self.marks_dirty = True
+        self.checker.step()
+        for h in p.held:
+            if self.kind == "embedded":
+                h.lease.abandon()
+        p.held, p.ready = [], []
+        p.up = False
+        p.inc += 1
+
+    # -- the minting loop (mirrors Worker.tick, Worker.work, Worker.claim)
+    def request(self, p: Proc) -> None:
+        rng = self.rng
+        self.at(self.T + int(rng.expovariate(1 / self.request_gap_ns)) + 1, p.loop, self.request, p)
+        if p.dirty or p.node.clock.mono() >= p.next_tick:
+            self.tick(p)
+        n = rng.choice((1, 1, 3, 17, 64, 100, 4096))
+        after = None
+        if self.last_ids and rng.random() < 0.2:
+            after = rng.choice(self.last_ids)
+        ready = p.ready
+        while p.ready:
+            ready = p.ready
+            p.rr = (p.rr + 1) % len(ready)
+            h = ready[p.rr]
+            m = h.minter
+            before = (m.last_ms, m.seq)
+            t0_mono = p.node.clock.mono()
+            t0_true = self.T
+            try:
+                if after is None:
+                    first, count = m.reserve(n)
+                else:
+                    first, count = m.reserve(n, m.floor_after(after))
+            except Refused as err:
+                self.checker.refused(h, before, err)
+                self.counts["refused"] += 1
+                self.on_refused(p, h, err)
+                continue
+            except (TokenAhead, BadRequest) as err:
+                self.checker.refused(h, before, err)
+                self.counts["refused"] += 1
+                return
+            self.checker.mint(p, h, t0_mono, t0_true, first, count)
+            if len(self.last_ids) < 64:
+                self.last_ids.append(first)
+            else:
+                self.last_ids[rng.randrange(64)] = first
+            return
+
+    def on_refused(self, p: Proc, h: Held, err: Refused) -> None:
+        if isinstance(err, ReservationExpired):
+            h.keeper.wake()
+            self.set_state(p, h, State.RESERVING)
+        elif isinstance(err, Fenced):
+            self.set_state(p, h, State.FENCED)
+        elif isinstance(err, ClockUnsafe):
+            self.set_state(p, h, State.CLOCK_UNSAFE)
+
+    def set_state(self, p: Proc, h: Held, state: State) -> None:
+        if h.state != state:
+            h.state = state
+            p.ready = [x for x in p.held if x.state == READY]
+            p.dirty = True
+
+    def tick(self, p: Proc) -> None:
+        mono = p.node.clock.mono()
+        p.next_tick = mono + TICK_NS
+        p.dirty = False
+        for h in list(p.held):
+            if h.keeper.lost is not None:
+                self.drop(p, h)
+                continue
+            m = h.minter
+            if m.clock_unsafe:
+                m.clock_recovered()
+            state, _ = states_mod.next_state(
+                worker_id=h.lease.worker_id,
+                renewals=h.keeper.renewals,
+                mono_ns=mono,
+                fence_deadline_ns=m.fence_deadline_ns,
+                clock_veto=None,
+                clock_unsafe=m.clock_unsafe,
+                now_ms=m.now_ms(),
+                mark_ms=h.lease.claimed_mark_ms,
+                reserved_until_ms=m.reserved_until_ms,
+            )
+            self.set_state(p, h, state)
+        while p.up and len(p.held) < p.config.ids_per_worker and mono >= p.next_claim:
+            if not self.claim(p):
+                break
+            mono = p.node.clock.mono()
+
+    def drop(self, p: Proc, h: Held) -> None:
+        h.stopped = True
+        h.keeper.stop()
+        h.lease.abandon()
+        p.held.remove(h)
+        p.ready = [x for x in p.held if x.state == READY]
+        p.dirty = True
+        p.next_claim = p.node.clock.mono() + int(0.25 * NS)
+        self.at(self.T + int(0.25 * NS) + 1, p.loop, self.tick, p)
+
+    def claim(self, p: Proc) -> bool:
+        config = p.config
+        index = len(p.held)
+        now_ms = p.node.clock.wall() // MS - self.layout.epoch_ms
+        store = p.store
+        try:
+            if not p.layout_checked:
+                store.check_layout(self.layout)
+                p.layout_checked = True
+            lease = store.claim(p.preferred[index], p.holder, now_ms, max_ahead_ms=self.window_ms + 2000)
+        except ConfigError as exc:
+            raise Violation(f"a worker could not boot: {exc}") from None
+        except SnowfenceError:
+            lease = None
+        self.marks_dirty = True
+        if lease is None:
+            delay = p.claim_backoff * self.rng.uniform(0.8, 1.2)
+            p.next_claim = p.node.clock.mono() + int(delay * NS)
+            p.claim_backoff = min(p.claim_backoff * 2, min(10.0, config.lease_ttl_s / 2))
+            self.at(self.T + int(delay * NS) + 1, p.loop, self.tick, p)
+            return False
+        p.claim_backoff = 0.25
+        minter = Minter(
+            self.layout,
+            self.region,
+            lease.worker_id,
+            wall_ns=p.wall_ns,
+            mono_ns=p.mono_ns,
+            sleep=p.sleep,
+            max_step_back_ms=config.max_step_back_ms,
+            clock_policy=config.clock_policy,
+            max_ahead_ms=config.max_ahead_ms,
+        )
+        minter.start_after(lease.claimed_mark_ms)
+        wake = SimWake(self)
+        keeper = lease_mod.Keeper(
+            lease,
+            minter,
+            interval_s=config.keepalive_interval_s,
+            fence_after_s=config.fence_after_s,
+            window_ms=self.window_ms,
+            fence=True,
+            mono_ns=p.mono_ns,
+            wake_event=wake,
+            loop_ns=p.loop_ns,
+            stall_s=config.loop_stall_s,
+        )
+        h = Held(lease, keeper, minter, Thread(p, f"keeper-{lease.worker_id}"))
+        wake.held = h
+        p.held.append(h)
+        p.dirty = True
+        p.preferred[index] = lease.worker_id
+        self.counts["claims"] += 1
+        h.gen = self.keeper_run(keeper)
+        self.at(self.T, h.thread, self.keeper_step, p, h, 0)
+        return True
+
+    # -- the keepers
+    def keeper_step(self, p: Proc, h: Held, sleep_id: int) -> None:
+        if h.stopped or h.gen is None or sleep_id != h.sleep_id:
+            return
+        k = h.keeper
+        if h.sleep_asked:
+            k._overslept_ns = p.node.clock.mono() - h.sleep_start - int(h.sleep_asked * NS)
+        try:
+            delay = next(h.gen)
+        except StopIteration:
+            h.gen = None
+            self.marks_dirty = True
+            self.at(self.T, p.loop, self.tick, p)  # the loop notices keeper.lost at its next turn
+            return
+        finally:
+            self.marks_dirty = True
+            if h.doomed:
+                h.doomed_checked = True
+        h.sleep_start = p.node.clock.mono()
+        h.sleep_asked = delay
+        h.sleep_id += 1
+        self.at(self.T + max(int(delay * NS / p.node.clock.rate), 1), h.thread, self.keeper_step, p, h, h.sleep_id)
+
+    def wake_keeper(self, h: Held) -> None:
+        h.sleep_id += 1
+        self.at(self.T, h.thread, self.keeper_step, h.thread.proc, h, h.sleep_id)
+
+    # -- faults
+    def schedule_faults(self) -> None:
+        rng = self.rng
+        n = rng.randint(FAULTS_MIN, FAULTS_MAX) * (LONG_FACTOR if self.long else 1)
+        kinds = FAULT_KINDS[self.kind]
+        for _ in range(n):
+            t = rng.randrange(self.horizon)
+            kind = rng.choice(kinds)
+            self.at(t, None, self.fault, kind)
+
+    def fault(self, kind: str) -> None:
+        rng = self.rng
+        T = self.T
+        self.faults.append((T / NS, kind))
+        self.marks_dirty = True
+        procs = self.procs
+        p = rng.choice(procs)
+        node = rng.choice(self.nodes)
+        clock = node.clock
+        if kind == "crash":
+            self.crash(p)
+            self.at(T + rng.randrange(1, 3 * NS), None, self.restart, p)
+        elif kind == "restart":
+            self.clean_stop(p)
+            self.at(T + rng.randrange(1, NS), None, self.restart, p)
+        elif kind == "pause":
+            length = rng.choice([rng.randrange(1, NS), rng.randrange(NS, 30 * NS)])
+            p.paused_until = max(p.paused_until, T + length)
+        elif kind == "pause_in_call":
+            p.pause_in_call = rng.choice([rng.randrange(1, NS), rng.randrange(NS, 30 * NS)])
+        elif kind == "step_back":
+            clock.off -= rng.choice([rng.randrange(1, 11), rng.randrange(11, 200), rng.randrange(200, 5000)]) * MS
+        elif kind == "step_forward":
+            clock.off += rng.choice([rng.randrange(1, 200), rng.randrange(200, 5000)]) * MS
+            if rng.random() < 0.5:
+                back = rng.randrange(1, 5000) * MS
+                self.at(T + rng.randrange(1, 3 * NS), None, self._step, clock, -back)
+        elif kind == "freeze":
+            clock.frozen = clock.wall()
+            self.at(T + rng.randrange(1, 3 * NS), None, self._thaw, clock, rng.random() < 0.5)
+        elif kind == "drift":
+            clock.set_drift(rng.uniform(-500, 500))
+        elif kind == "member_down":
+            m = rng.randrange(EtcdServer.MEMBERS)
+            self.etcd.member_down(m)
+            self.at(T + rng.randrange(1, 8 * NS), None, self.etcd.member_up, m)
+        elif kind == "member_unreachable":
+            m = rng.randrange(EtcdServer.MEMBERS)
+            node.cut.add(m)
+            self.at(T + rng.randrange(1, 8 * NS), None, node.cut.discard, m)
+        elif kind == "partition":
+            node.cut.update(range(EtcdServer.MEMBERS))
+            self.at(T + rng.randrange(1, 15 * NS), None, node.cut.clear)
+        elif kind == "outage":
+            for m in range(EtcdServer.MEMBERS):
+                self.etcd.member_down(m)
+            self.at(T + rng.randrange(1, 8 * NS), None, self._all_up)
+        elif kind == "slow_network":
+            node.slow_until = max(node.slow_until, T + rng.randrange(1, 10 * NS))
+        elif kind == "commit_then_timeout":
+            node.commit_then_timeout += rng.randint(1, 4)
+        elif kind == "delete_claim":
+            wid = rng.randrange(self.layout.max_worker + 1)
+            self.etcd.delete_key(f"/snowfence/sim/workers/{self.region}/{wid}")
+        elif kind == "remove_lock":
+            wid = rng.randrange(self.layout.max_worker + 1)
+            lock = Path(self.tmp) / "regions" / str(self.region) / f"worker-{wid}.lock"
+            try:
+                os.unlink(lock)
+            except FileNotFoundError:
+                return
+            for q in self.procs:
+                for h in q.held:
+                    if h.lease.worker_id == wid:
+                        h.doomed = True
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+
+    def _step(self, clock: HostClock, dt: int) -> None:
+        clock.off += dt
+
+    def _thaw(self, clock: HostClock, resume_behind: bool) -> None:
+        frozen, clock.frozen = clock.frozen, None
+        if frozen is None:
+            return
+        if resume_behind:  # it resumes from where it stopped, not where it should be
+            clock.off -= clock.wall() - frozen
+
+    def _all_up(self) -> None:
+        for m in range(EtcdServer.MEMBERS):
+            self.etcd.member_up(m)
+
+    def restart(self, p: Proc) -> None:
+        if not p.up:
+            self.start(p)
+
+    # -- a whole schedule
+    def run(self) -> None:
+        rng = self.rng
+        self.request_gap_ns = int(rng.choice([5, 20, 100]) * MS)
+        self.last_ids: list[int] = []
+        for c in ("refused", "claims"):
+            self.counts[c] = 0
+        try:
+            for p in self.procs:
+                self.at(rng.randrange(NS // 10), None, self.start, p)
+            self.schedule_faults()
+            self.run_until(self.horizon)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for p in self.procs:
+            for h in p.held:
+                h.stopped = True
+                if self.kind == "embedded":
+                    h.lease.abandon()
+            p.held = []
+            p.up = False
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
+#: The worker loop's timers run at most this often while requests keep it busy (TICK_NS in workers/main.py).
+TICK_NS = 10_000_000
+
+#: Keeper.run as a generator; rebuilt by :func:`reload` after a mutant changed the source.
+KEEPER_RUN = keeper_steps_function()
+
+EMBEDDED_SHARE = 0.2
+FAULTS_MIN, FAULTS_MAX = 10, 40
+#: The long profile's schedules last this many times longer, with as many more faults.
+LONG_FACTOR = 5
+
+_COMMON = ["crash", "restart", "pause", "pause_in_call", "step_back", "step_forward", "freeze", "drift"]
+FAULT_KINDS = {
+    "etcd": _COMMON
+    + ["member_down", "member_unreachable", "partition", "outage", "slow_network", "commit_then_timeout", "delete_claim"],
+    "embedded": _COMMON + ["remove_lock"],
+}
+if not hasattr(embedded_mod.FileLease, "check"):
+    # An embedded store that does not re-check its lock cannot survive a lock file
+    # removed underneath; the fault is armed once it does.
+    FAULT_KINDS["embedded"].remove("remove_lock")
+
+
+def reload() -> None:
+    global KEEPER_RUN
+    KEEPER_RUN = keeper_steps_function()
+
+
+def run_schedule(
+    seed: int, shm: str | None = None, kind: str | None = None, policy: str | None = None, long: bool = False
+) -> dict:
+    """Run one schedule; a dict of what happened (``violation`` None if clean)."""
+    world = World(seed, shm, kind, policy, long)
+    violation = None
+    try:
+        world.run()
+    except Violation as exc:
+        violation = str(exc)
+    return {
+        "seed": seed,
+        "kind": world.kind,
+        "violation": violation,
+        "faults": len(world.faults),
+        "fault_log": world.faults,
+        "mints": world.checker.mints,
+        "ids": world.checker.ids,
+        "refused": world.counts.get("refused", 0),
+        "claims": world.counts.get("claims", 0),
+        "sim_s": world.T / NS,
+    }
