@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import inspect
+import logging
 import os
 import random
 import re
@@ -71,9 +72,17 @@ from snowfence.workers.states import READY, State
 NS = 1_000_000_000
 MS = 1_000_000
 
+# The real code logs every lease lost, fence and refusal; thousands of schedules
+# would drown the one line that matters.
+logging.disable(logging.CRITICAL)
 
-class Violation(Exception):
-    """An invariant broke; the schedule stops."""
+
+class Violation(BaseException):
+    """An invariant broke; the schedule stops.
+
+    A BaseException, so that no ``except Exception`` in the real code (the keeper
+    logs and retries whatever else goes wrong) swallows it.
+    """
 
 
 class Died(BaseException):
@@ -91,7 +100,8 @@ SOURCES: dict[object, str] = {}
 
 
 def source_of(fn) -> str:
-    return SOURCES.get(fn) or textwrap.dedent(inspect.getsource(fn))
+    """The source text of ``fn`` as indented in its file (or as a mutant left it)."""
+    return SOURCES.get(fn) or inspect.getsource(fn)
 
 
 def keeper_steps_function():
@@ -100,7 +110,7 @@ def keeper_steps_function():
     src, n = re.subn(r"self\._sleep\(([^()]*(?:\([^()]*\))?[^()]*)\)", r"(yield \1)", src)
     if n == 0 or "def run(self)" not in src:
         raise RuntimeError("Keeper.run no longer sleeps through self._sleep(...): update tests/sim/sim.py")
-    src = src.replace("def run(self)", "def sim_run(self)", 1)
+    src = textwrap.dedent(src.replace("def run(self)", "def sim_run(self)", 1))
     namespace: dict = {}
     exec(compile(src, lease_mod.__file__, "exec", dont_inherit=True), lease_mod.__dict__, namespace)
     return namespace["sim_run"]
@@ -561,16 +571,23 @@ class Checker:
         self.w = world
         self.blocks: dict[int, list[tuple[int, int]]] = {}
         self.by_token: dict[int, dict[int, list[int]]] = {}
+        self.tokens: dict[int, list[int]] = {}
         self.max_ms: dict[int, int] = {}
         self.ids = 0
         self.mints = 0
+        layout = world.layout
+        self.time_shift = layout.time_shift
+        self.max_ms_mask = layout.max_ms
+        self.worker_shift = layout.worker_shift
+        self.max_worker = layout.max_worker
+        self.region_shift = layout.region_shift
+        self.max_region = layout.max_region
 
     def fail(self, what: str) -> None:
         raise Violation(what)
 
     def mint(self, p: Proc, h: Held, t0_mono: int, t0_true: int, first: int, count: int) -> None:
         w = self.w
-        layout = w.layout
         wid = h.lease.worker_id
         token = h.lease.token
         last = first + count - 1
@@ -578,11 +595,11 @@ class Checker:
         self.ids += count
         if count < 1:
             self.fail(f"worker ID {wid} minted an empty block")
-        ms = (first >> layout.time_shift) & layout.max_ms
-        if (last >> layout.time_shift) & layout.max_ms != ms:
+        ms = (first >> self.time_shift) & self.max_ms_mask
+        if (last >> self.time_shift) & self.max_ms_mask != ms:
             self.fail(f"worker ID {wid}: block {first}+{count} crosses a millisecond")
-        got_wid = (first >> layout.worker_shift) & layout.max_worker
-        got_region = (first >> layout.region_shift) & layout.max_region
+        got_wid = (first >> self.worker_shift) & self.max_worker
+        got_region = (first >> self.region_shift) & self.max_region
         if got_wid != wid or got_region != w.region:
             self.fail(f"worker ID {wid} minted ID {first} of worker ID {got_wid} region {got_region}")
         # Fenced or stale?
@@ -619,20 +636,30 @@ class Checker:
                 if a <= last and first <= b:
                     self.fail(f"ID issued twice: worker ID {wid} block {first}..{last} overlaps {a}..{b}")
         blocks.insert(i, (first, last))
-        # Increasing across owners?
-        toks = self.by_token.setdefault(wid, {})
-        mine = toks.get(token)
-        if mine is not None and first <= mine[1]:
-            self.fail(f"worker ID {wid} token {token}: block {first} is not above the owner's last ID {mine[1]}")
-        for t2, (lo, hi) in toks.items():
-            if t2 < token and hi >= first:
-                self.fail(f"worker ID {wid}: token {token} minted {first}, not above token {t2}'s ID {hi}")
-            if t2 > token and lo <= last:
-                self.fail(f"worker ID {wid}: token {token} minted {last}, not below token {t2}'s ID {lo}")
+        # Increasing across owners? (Checked so far for every pair of owners, the
+        # ranges are ordered like their tokens: comparing with the neighbours in
+        # token order is comparing with all.)
+        ranges = self.by_token.get(wid)
+        if ranges is None:
+            ranges = self.by_token[wid] = {}
+            self.tokens[wid] = []
+        order = self.tokens[wid]
+        mine = ranges.get(token)
         if mine is None:
-            toks[token] = [first, last]
+            i = bisect.bisect_left(order, token)
+            order.insert(i, token)
+            mine = ranges[token] = [first, first - 1]
         else:
-            mine[1] = last
+            i = bisect.bisect_left(order, token)
+        if first <= mine[1]:
+            self.fail(f"worker ID {wid} token {token}: block {first} is not above the owner's last ID {mine[1]}")
+        if i > 0 and ranges[order[i - 1]][1] >= first:
+            self.fail(f"worker ID {wid}: token {token} minted {first}, not above token {order[i - 1]}'s ID "
+                      f"{ranges[order[i - 1]][1]}")
+        if i + 1 < len(order) and ranges[order[i + 1]][0] <= last:
+            self.fail(f"worker ID {wid}: token {token} minted {last}, not below token {order[i + 1]}'s ID "
+                      f"{ranges[order[i + 1]][0]}")
+        mine[1] = last
         if ms > self.max_ms.get(wid, -1):
             self.max_ms[wid] = ms
 
@@ -901,10 +928,10 @@ class World:
         self.at(self.T + int(rng.expovariate(1 / self.request_gap_ns)) + 1, p.loop, self.request, p)
         if p.dirty or p.node.clock.mono() >= p.next_tick:
             self.tick(p)
-        n = rng.choice((1, 1, 3, 17, 64, 100, 4096))
+        n = COUNTS[int(rng.random() * len(COUNTS))]
         after = None
         if self.last_ids and rng.random() < 0.2:
-            after = rng.choice(self.last_ids)
+            after = self.last_ids[int(rng.random() * len(self.last_ids))]
         ready = p.ready
         while p.ready:
             ready = p.ready
@@ -1057,7 +1084,8 @@ class World:
         except StopIteration:
             h.gen = None
             self.marks_dirty = True
-            self.at(self.T, p.loop, self.tick, p)  # the loop notices keeper.lost at its next turn
+            # The loop notices keeper.lost at its next turn (at most TICK_S idle, as in workers/main.py).
+            self.at(self.T + self.rng.randrange(1, 50 * MS), p.loop, self.tick, p)
             return
         finally:
             self.marks_dirty = True
@@ -1085,11 +1113,20 @@ class World:
     def fault(self, kind: str) -> None:
         rng = self.rng
         T = self.T
-        self.faults.append((T / NS, kind))
         self.marks_dirty = True
-        procs = self.procs
-        p = rng.choice(procs)
+        up = [q for q in self.procs if q.up]
+        p = rng.choice(up) if up else None
         node = rng.choice(self.nodes)
+        if p is None and kind in PROCESS_FAULTS:
+            return  # nothing to apply it to: not counted
+        if self.fault_on(kind, p, node) is not False:
+            self.faults.append((T / NS, kind))
+
+    def fault_on(self, kind: str, p: Proc, node: Node) -> None:
+        """Apply one fault to process ``p`` or host ``node`` (each kind uses one of them)."""
+        rng = self.rng
+        T = self.T
+        procs = self.procs
         clock = node.clock
         if kind == "crash":
             self.crash(p)
@@ -1134,15 +1171,21 @@ class World:
         elif kind == "commit_then_timeout":
             node.commit_then_timeout += rng.randint(1, 4)
         elif kind == "delete_claim":
-            wid = rng.randrange(self.layout.max_worker + 1)
-            self.etcd.delete_key(f"/snowfence/sim/workers/{self.region}/{wid}")
+            # An operator deletes a held worker ID's claim, and sometimes restarts its holder soon after.
+            held = [(q, h) for q in procs for h in q.held]
+            if not held:
+                return False
+            q, h = held[rng.randrange(len(held))]
+            self.etcd.delete_key(f"/snowfence/sim/workers/{self.region}/{h.lease.worker_id}")
+            if rng.random() < 0.5:
+                self.at(T + rng.randrange(1, 3 * NS), None, self.fault_on, "restart", q, q.node)
         elif kind == "remove_lock":
             wid = rng.randrange(self.layout.max_worker + 1)
             lock = Path(self.tmp) / "regions" / str(self.region) / f"worker-{wid}.lock"
             try:
                 os.unlink(lock)
             except FileNotFoundError:
-                return
+                return False
             for q in self.procs:
                 for h in q.held:
                     if h.lease.worker_id == wid:
@@ -1171,7 +1214,7 @@ class World:
     # -- a whole schedule
     def run(self) -> None:
         rng = self.rng
-        self.request_gap_ns = int(rng.choice([5, 20, 100]) * MS)
+        self.request_gap_ns = int(rng.choice(REQUEST_GAPS_MS) * MS)
         self.last_ids: list[int] = []
         for c in ("refused", "claims"):
             self.counts[c] = 0
@@ -1203,10 +1246,15 @@ TICK_NS = 10_000_000
 KEEPER_RUN = keeper_steps_function()
 
 EMBEDDED_SHARE = 0.2
-FAULTS_MIN, FAULTS_MAX = 10, 40
+FAULTS_MIN, FAULTS_MAX = 30, 100
+#: How many IDs a request asks for (a block is cut at the end of a millisecond).
+COUNTS = (1, 1, 3, 17, 64, 100, 4096)
+#: Mean gap between requests to one process, per schedule.
+REQUEST_GAPS_MS = (15, 50, 200)
 #: The long profile's schedules last this many times longer, with as many more faults.
 LONG_FACTOR = 5
 
+PROCESS_FAULTS = {"crash", "restart", "pause", "pause_in_call"}
 _COMMON = ["crash", "restart", "pause", "pause_in_call", "step_back", "step_forward", "freeze", "drift"]
 FAULT_KINDS = {
     "etcd": _COMMON
