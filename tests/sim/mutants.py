@@ -226,9 +226,10 @@ def _resolve(target: str):
 
 
 def apply(mutant: Mutant) -> None:
-    """Put the mutated functions in place (in this process)."""
+    """Put the mutated functions in place (in this process); nothing changes if any edit is stale."""
     if not mutant.available():
         raise StaleMutant(f"{mutant.name}: the code it mutates is not there ({mutant.requires})")
+    replacements = []
     for edit in mutant.edits:
         module, holder, name = _resolve(edit.target)
         fn = inspect.getattr_static(holder, name)
@@ -249,7 +250,8 @@ def apply(mutant: Mutant) -> None:
         )
         namespace: dict = {}
         exec(code, module.__dict__, namespace)
-        new_fn = namespace[name]
+        replacements.append((holder, name, namespace[name], new_src))
+    for holder, name, new_fn, new_src in replacements:
         sim.SOURCES[new_fn] = new_src
         setattr(holder, name, new_fn)
     sim.reload()

@@ -37,7 +37,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import inspect
-import logging
 import os
 import random
 import re
@@ -71,10 +70,6 @@ from snowfence.workers.states import READY, State
 
 NS = 1_000_000_000
 MS = 1_000_000
-
-# The real code logs every lease lost, fence and refusal; thousands of schedules
-# would drown the one line that matters.
-logging.disable(logging.CRITICAL)
 
 
 class Violation(BaseException):

@@ -1,0 +1,113 @@
+"""The simulator in CI: the real code is clean within its budget, every known-bad
+mutation of it is caught (and its failing schedule replays exactly), and a
+mutation that no longer matches the code fails loudly instead of testing nothing.
+
+Each run is ``python tests/sim/run.py`` in its own process, the command a person
+runs by hand; mutant runs stop at their first violation.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import mutants  # noqa: E402
+import sim  # noqa: E402
+
+#: The clean run's budget: what CI spends proving the real code (see docs/RELIABILITY.md).
+CLEAN_BUDGET_S = 60
+#: A mutant must be caught within this; the slowest take a few seconds.
+MUTANT_BUDGET_S = 60
+
+
+def run(*args: str, timeout_s: float) -> tuple[int, str, dict]:
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "run.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no output; stderr: {proc.stderr[-2000:]}"
+    return proc.returncode, proc.stdout, json.loads(lines[-1])
+
+
+def test_the_real_code_shows_no_violation_in_the_ci_budget():
+    code, out, summary = run("--budget-s", str(CLEAN_BUDGET_S), "--seed", "1", timeout_s=CLEAN_BUDGET_S + 120)
+    print(out)
+    assert code == 0 and summary["violations"] == 0, out
+    for key in ("schedules", "faults", "mints", "violations", "seed"):
+        assert key in summary
+    # What the budget covered (not how fast): both stores, every kind of fault.
+    assert set(summary["schedules_by_store"]) == {"etcd", "embedded"}
+    kinds = set(sim.FAULT_KINDS["etcd"]) | set(sim.FAULT_KINDS["embedded"])
+    assert set(summary["faults_by_kind"]) == kinds, kinds - set(summary["faults_by_kind"])
+    assert summary["mints"] > 0 and summary["refusals"] > 0 and summary["claims"] > summary["schedules"]
+
+
+@pytest.mark.parametrize("name", [m.name for m in mutants.MUTANTS])
+def test_each_known_bad_mutation_is_caught_and_its_schedule_replays(name):
+    mutant = mutants.BY_NAME[name]
+    assert mutant.available(), f"{name}: {mutant.requires} is missing from the code"
+    code, out, summary = run("--budget-s", str(MUTANT_BUDGET_S), "--mutant", name, timeout_s=MUTANT_BUDGET_S + 120)
+    print(out)
+    assert code == 1 and summary["violations"] >= 1, f"mutant {name} was not caught:\n{out}"
+    seed = summary["failing_seed"]
+    print(f"mutant {name}: caught in schedule seed {seed}: {summary['violation']}")
+    # The printed replay command reproduces exactly that violation, alone.
+    _, again_out, again = run(*summary["replay"].split()[2:], timeout_s=120)
+    assert again["violations"] == 1 and again["failing_seed"] == seed, again_out
+    assert again["violation"] == summary["violation"]
+
+
+def test_there_are_at_least_ten_mutants_and_the_list_command_names_them():
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "run.py"), "--list-mutants"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0
+    listed = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+    assert listed == [m.name for m in mutants.MUTANTS] and len(listed) >= 10
+
+
+def test_a_schedule_replays_exactly():
+    _, _, first = run("--seed", "40", "--schedules", "4", "--jobs", "1", timeout_s=120)
+    _, _, second = run("--seed", "40", "--schedules", "4", "--jobs", "1", timeout_s=120)
+    first.pop("elapsed_s")
+    second.pop("elapsed_s")
+    assert first == second and first["schedules"] == 4
+
+
+def test_a_mutation_that_no_longer_matches_the_code_fails_loudly_and_changes_nothing():
+    from snowfence.workers.minter import Minter
+
+    before = Minter.reserve, Minter.start_after
+    stale = mutants.Mutant(
+        "stale",
+        "two edits, the second of which matches nothing",
+        (
+            mutants.Edit("snowfence.workers.minter:Minter.start_after", "if mark_ms >= self.last_ms:", "if False:"),
+            mutants.Edit("snowfence.workers.minter:Minter.reserve", "this text is not in reserve", "x"),
+        ),
+    )
+    with pytest.raises(mutants.StaleMutant, match="update tests/sim/mutants.py"):
+        mutants.apply(stale)
+    assert (Minter.reserve, Minter.start_after) == before
+
+
+def test_the_keeper_loop_must_still_sleep_where_the_simulator_can_resume_it():
+    # The simulator runs Keeper.run with its sleeps as yields; a loop that sleeps
+    # some other way would run unsimulated, so the conversion refuses it.
+    real = sim.source_of
+    try:
+        sim.source_of = lambda fn: "def run(self):\n    time.sleep(1)\n"
+        with pytest.raises(RuntimeError, match="no longer sleeps through self._sleep"):
+            sim.keeper_steps_function()
+    finally:
+        sim.source_of = real
