@@ -8,8 +8,8 @@ test nothing.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import importlib
 import inspect
 import textwrap

@@ -55,7 +55,6 @@ from snowfence.errors import (
     ClockUnsafe,
     ConfigError,
     Fenced,
-    LeaseLost,
     Refused,
     ReservationExpired,
     SnowfenceError,
@@ -64,8 +63,8 @@ from snowfence.errors import (
 from snowfence.workers import embedded as embedded_mod
 from snowfence.workers import etcd as etcd_mod
 from snowfence.workers import lease as lease_mod
-from snowfence.workers.minter import NO_FLOOR, Minter
 from snowfence.workers import states as states_mod
+from snowfence.workers.minter import Minter
 from snowfence.workers.states import READY, State
 
 NS = 1_000_000_000
@@ -164,8 +163,20 @@ class Thread:
 class Held:
     """One worker ID a simulated process holds (as ``Held`` in workers/main.py)."""
 
-    __slots__ = ("lease", "keeper", "minter", "state", "thread", "gen", "sleep_id", "sleep_start", "sleep_asked",
-                 "doomed", "doomed_checked", "stopped")
+    __slots__ = (
+        "lease",
+        "keeper",
+        "minter",
+        "state",
+        "thread",
+        "gen",
+        "sleep_id",
+        "sleep_start",
+        "sleep_asked",
+        "doomed",
+        "doomed_checked",
+        "stopped",
+    )
 
     def __init__(self, lease, keeper, minter, thread) -> None:
         self.lease = lease
@@ -385,7 +396,9 @@ class EtcdServer:
 
     def get_prefix(self, prefix: str, keys_only: bool = False):
         self.expire()
-        return [(b"" if keys_only else kv.value, Meta(k, kv)) for k, kv in sorted(self.kv.items()) if k.startswith(prefix)]
+        return [
+            (b"" if keys_only else kv.value, Meta(k, kv)) for k, kv in sorted(self.kv.items()) if k.startswith(prefix)
+        ]
 
     def txn(self, compare, success, failure):
         from pyetcd import transactions as tx
@@ -421,8 +434,9 @@ class EtcdServer:
                 if old is not None and old.lease in self.leases:
                     self.leases[old.lease][2].discard(op.key)
                 value = op.value if isinstance(op.value, bytes) else str(op.value).encode()
-                self.kv[op.key] = KV(value, old.create_revision if old else rev, rev, (old.version if old else 0) + 1,
-                                     op.lease or 0)
+                self.kv[op.key] = KV(
+                    value, old.create_revision if old else rev, rev, (old.version if old else 0) + 1, op.lease or 0
+                )
                 if op.lease:
                     self.leases[op.lease][2].add(op.key)
                 responses.append(SimpleNamespace(kind="put"))
@@ -649,11 +663,15 @@ class Checker:
         if first <= mine[1]:
             self.fail(f"worker ID {wid} token {token}: block {first} is not above the owner's last ID {mine[1]}")
         if i > 0 and ranges[order[i - 1]][1] >= first:
-            self.fail(f"worker ID {wid}: token {token} minted {first}, not above token {order[i - 1]}'s ID "
-                      f"{ranges[order[i - 1]][1]}")
+            self.fail(
+                f"worker ID {wid}: token {token} minted {first}, not above token {order[i - 1]}'s ID "
+                f"{ranges[order[i - 1]][1]}"
+            )
         if i + 1 < len(order) and ranges[order[i + 1]][0] <= last:
-            self.fail(f"worker ID {wid}: token {token} minted {last}, not below token {order[i + 1]}'s ID "
-                      f"{ranges[order[i + 1]][0]}")
+            self.fail(
+                f"worker ID {wid}: token {token} minted {last}, not below token {order[i + 1]}'s ID "
+                f"{ranges[order[i + 1]][0]}"
+            )
         mine[1] = last
         if ms > self.max_ms.get(wid, -1):
             self.max_ms[wid] = ms
@@ -843,9 +861,9 @@ class World:
         if self.kind == "etcd":
             kv = self.etcd.kv.get(f"/snowfence/sim/marks/{self.region}/{wid}")
             return -1 if kv is None else orjson.loads(kv.value)["reserved_until_ms"]
-        path = Path(self.tmp) / "regions" / str(self.region) / f"worker-{wid}.mark"
         try:
-            return orjson.loads(path.read_bytes())["reserved_until_ms"]
+            with open(f"{self.tmp}/regions/{self.region}/worker-{wid}.mark", "rb") as f:
+                return orjson.loads(f.read())["reserved_until_ms"]
         except FileNotFoundError:
             return -1
 
@@ -862,8 +880,9 @@ class World:
         p.loop = Thread(p, "loop")
         if self.kind == "etcd":
             store = etcd_mod.EtcdStore(p.config)
-            store._build_client = lambda: FakeClient(self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)],
-                                                     p.config.etcd_timeout_s)
+            store._build_client = lambda: FakeClient(
+                self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)], p.config.etcd_timeout_s
+            )
         else:
             store = embedded_mod.FileStore(p.config.state_dir, self.layout, self.region)
         p.store = store
@@ -1253,7 +1272,15 @@ PROCESS_FAULTS = {"crash", "restart", "pause", "pause_in_call"}
 _COMMON = ["crash", "restart", "pause", "pause_in_call", "step_back", "step_forward", "freeze", "drift"]
 FAULT_KINDS = {
     "etcd": _COMMON
-    + ["member_down", "member_unreachable", "partition", "outage", "slow_network", "commit_then_timeout", "delete_claim"],
+    + [
+        "member_down",
+        "member_unreachable",
+        "partition",
+        "outage",
+        "slow_network",
+        "commit_then_timeout",
+        "delete_claim",
+    ],
     "embedded": _COMMON + ["remove_lock"],
 }
 if not hasattr(embedded_mod.FileLease, "check"):
