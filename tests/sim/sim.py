@@ -942,6 +942,9 @@ class World:
         self.at(self.T + int(rng.expovariate(1 / self.request_gap_ns)) + 1, p.loop, self.request, p)
         if p.dirty or p.node.clock.mono() >= p.next_tick:
             self.tick(p)
+        if not p.ready:
+            self.counts["refused"] += 1  # no worker ID here is ready: refused without a minter call
+            return
         n = COUNTS[int(rng.random() * len(COUNTS))]
         after = None
         if self.last_ids and rng.random() < 0.2:
@@ -1260,7 +1263,7 @@ TICK_NS = 10_000_000
 KEEPER_RUN = keeper_steps_function()
 
 EMBEDDED_SHARE = 0.2
-FAULTS_MIN, FAULTS_MAX = 30, 100
+FAULTS_MIN, FAULTS_MAX = 50, 150
 #: How many IDs a request asks for (a block is cut at the end of a millisecond).
 COUNTS = (1, 1, 3, 17, 64, 100, 4096)
 #: Mean gap between requests to one process, per schedule.
