@@ -122,12 +122,14 @@ def test_lock_files_removed_under_a_running_node_never_give_one_worker_id_to_two
         lock.unlink()  # a cleanup job, a tmpfiles rule
     b = nodes.start("b", workers=1, state_dir=a.state_dir, args=args)
     load_b = Load(b)
-    # The second node claims a worker ID (waiting out its mark) or finds both held;
-    # either way both nodes are loaded for a while after.
-    deadline = time.monotonic() + 12
-    while time.monotonic() < deadline and not serving(b):
-        time.sleep(0.1)
-    time.sleep(2.5)
+    # The second node claims a worker ID (and waits out its mark) or finds both held
+    # again; either way both nodes are loaded for a while after.
+    wait_for(
+        lambda: "claimed worker ID" in b.log() or "cannot claim a worker ID" in b.log(), 15, what="b to try a claim"
+    )
+    if "claimed worker ID" in b.log():
+        wait_for(lambda: serving(b), 10, what=f"b to serve; log:\n{b.log_tail()}")
+    time.sleep(2.0)
     blocks = load_a.stop() + load_b.stop()
     assert load_a.ids() > 10_000, a.log_tail()
     assert repeated_ids(blocks) == 0, f"{repeated_ids(blocks)} IDs issued twice"
