@@ -17,7 +17,7 @@ import orjson
 import pytest
 from fakeclock import FakeClock
 
-from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirError, WorkerIdUnusable
+from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.workers import embedded
 from snowfence.workers.embedded import FileStore, mark_checksum
@@ -481,3 +481,22 @@ def test_thousands_of_renewals_and_busy_claims_leak_no_descriptors(fast_dir):
     assert open_fds() == before
     lease.release(minter.last_ms)
     assert open_fds() == before - 1  # the lock's descriptor, and nothing else, was closed
+
+
+def test_a_region_lock_held_elsewhere_is_a_retriable_refusal_that_changes_nothing(tmp_path):
+    s = store(tmp_path)
+    lease = s.try_claim(0, HOLDER, None)
+    lease.extend(1_000)
+    fd = os.open(region(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another process stopped in the middle of a mark write
+        with pytest.raises(StateDirBusy) as info:
+            lease.extend(2_000)
+        assert info.value.retriable
+        with pytest.raises(StateDirBusy):
+            s.try_claim(1, HOLDER, None)
+        assert lease.reserved_until_ms == 1_000 and s.read_mark(0) == (1_000, lease.token)
+    finally:
+        os.close(fd)
+    lease.extend(2_000)
+    assert s.read_mark(0) == (2_000, lease.token)
