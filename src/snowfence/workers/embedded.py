@@ -434,7 +434,9 @@ class FileStore(Store):
         try:
             fd = os.open(lock_path, flags, 0o644)
         except FileNotFoundError:
-            raise
+            if not create:
+                raise
+            raise StateDirError(f"cannot create lock file {lock_path}: its directory is gone") from None
         except OSError as exc:
             raise StateDirError(f"cannot open lock file {lock_path}: {exc.strerror or exc}") from None
         try:
