@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -500,3 +501,18 @@ def test_a_region_lock_held_elsewhere_is_a_retriable_refusal_that_changes_nothin
         os.close(fd)
     lease.extend(2_000)
     assert s.read_mark(0) == (2_000, lease.token)
+
+
+def test_a_region_directory_removed_under_its_holders_loses_their_leases_and_keeps_used_ids_passed_over(tmp_path):
+    s = store(tmp_path)
+    lease = s.try_claim(0, HOLDER, None)
+    PreferenceFile(tmp_path, f"{embedded_namespace(0)}/{node_key('tcp://127.0.0.1:5555')}", "slot-0").write(
+        0, lease.token
+    )
+    lease.extend(5_000)
+    shutil.rmtree(region(tmp_path))
+    with pytest.raises(LeaseLost, match="removed"):
+        lease.refresh()
+    lease.abandon()
+    again = s.claim(preferred=0, holder=HOLDER, now_ms=0, max_ahead_ms=0)
+    assert again.worker_id == 1 and "deleted" in s.passed_over[0]

@@ -351,7 +351,13 @@ class FileStore(Store):
     def region_lock(self) -> Iterator[None]:
         """The region directory's flock, held around every read-compare-write of a mark."""
         try:
-            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                # Removed under us: make it again. What was in it is gone, and the
+                # tokens recorded in last-worker-id/ keep those worker IDs passed over.
+                self.dir.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise StateDirError(f"region directory {self.dir} is not usable: {exc.strerror or exc}") from None
         try:
