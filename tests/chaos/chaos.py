@@ -365,8 +365,8 @@ TAMPERINGS = ("locks_removed", "mark_removed", "mark_damaged", "mark_set_back")
 #: Faults that apply to embedded mode (a shared state directory, no etcd).
 EMBEDDED_FAULTS = {
     "state_dir_tampered": fault_state_dir_tampered,
-    "kill_worker": fault_kill_worker,
     "kill_node": fault_kill_node,
+    "kill_worker": fault_kill_worker,
 }
 
 
@@ -616,16 +616,9 @@ SHORT = [
 ]
 
 
-#: Embedded mode's short profile: the state directory tampered with four times (the
-#: kind of tampering is drawn from the seed), between a killed worker and node.
-EMBEDDED_SHORT = [
-    "state_dir_tampered",
-    "kill_worker",
-    "state_dir_tampered",
-    "state_dir_tampered",
-    "kill_node",
-    "state_dir_tampered",
-]
+#: Embedded mode's short profile: each kind of tampering with the state directory in
+#: turn, and a node killed and restarted on it.
+EMBEDDED_SHORT = ["state_dir_tampered", "state_dir_tampered", "kill_node", "state_dir_tampered", "state_dir_tampered"]
 
 
 def long_schedule(rng: random.Random, minutes: float, faults: dict | None = None):
