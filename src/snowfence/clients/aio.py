@@ -24,6 +24,7 @@ from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WINDOW,
+    DISCOVER_TIMEOUT_S,
     Block,
     ClientBase,
     Pending,
@@ -47,7 +48,8 @@ class AsyncClient(ClientBase):
     """Reserve IDs from snowfence brokers from asyncio code.
 
     Same names as :class:`snowfence.Client`: ``await reserve(n)``, ``ids()`` (an
-    async iterator), ``await status()``; use ``async with``.
+    async iterator), ``await status()``, ``await nodes()``; use ``async with``.
+    Discovery (``discover``, ``region``) as for :class:`snowfence.Client`.
     """
 
     def __init__(
@@ -61,9 +63,18 @@ class AsyncClient(ClientBase):
         server_key: str | bytes | None = None,
         client_key: str | None = None,
         wait_for_server: bool = False,
+        discover: bool = True,
+        region: int | None = None,
     ) -> None:
         super().__init__(
-            endpoints, timeout_s=timeout_s, retries=retries, window=window, server_key=server_key, client_key=client_key
+            endpoints,
+            timeout_s=timeout_s,
+            retries=retries,
+            window=window,
+            server_key=server_key,
+            client_key=client_key,
+            discover=discover,
+            region=region,
         )
         self.wait_for_server = wait_for_server
         self._ctx = context or zmq.asyncio.Context.instance()
@@ -129,6 +140,7 @@ class AsyncClient(ClientBase):
 
     async def _reserve(self, n: int, *, after: int | None = None, chunk: int = protocol.MAX_BLOCK) -> list[Block]:
         job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
+        await self._discover()
         round_ = ReserveRound(self, job)
         waiting: dict[asyncio.Future, Pending] = {}
         try:
@@ -173,7 +185,32 @@ class AsyncClient(ClientBase):
         """The cluster's live nodes as the broker sees them: ``{"cluster", "nodes": [...]}``."""
         return await self._ask_json("nodes")
 
+    async def _discover(self) -> None:
+        """Ask for the cluster's nodes when it is time to; moves only while nothing is
+        in flight on the socket (other tasks may share it). Never fails the call."""
+        directory = self.directory
+        now = time.monotonic_ns()
+        if not directory.due(now) or not self._core.heard:
+            return
+        directory.asked(now)
+        pending, frame = self._core.nodes(now + int(min(self.timeout_s, DISCOVER_TIMEOUT_S) * 1e9))
+        future = await self._ask(pending, frame)
+        try:
+            matched = await asyncio.wait_for(future, min(self.timeout_s, DISCOVER_TIMEOUT_S))
+        except TimeoutError:
+            self._waiters.pop(pending.request_id, None)
+            self._core.abandon([pending])
+            return
+        if matched is None or matched[1].nodes is None:
+            return
+        target = self._learned(matched[1].nodes)
+        if target is not None and not self._waiters:
+            self._reset(rotate=False)
+            self._move_to(target)
+
     async def _ask_json(self, what: str) -> dict:
+        if what != "nodes":
+            await self._discover()
         round_ = StatusRound(self, what)
         while True:
             pending, frame = round_.request(time.monotonic_ns())

@@ -23,6 +23,7 @@ from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WINDOW,
+    DISCOVER_TIMEOUT_S,
     Block,
     ClientBase,
     Pending,
@@ -41,6 +42,11 @@ class Client(ClientBase):
     While no endpoint has ever replied, a call gives up after one timeout per
     endpoint (no server is there, or the address or CURVE key is wrong);
     ``wait_for_server=True`` keeps retrying instead, for a server still starting.
+
+    With ``discover`` (the default) the client asks the brokers for the
+    cluster's nodes (NODES) on connect, after a failure and every few seconds,
+    and fails over across all of them, nodes of its own ``region`` first when
+    given; ``discover=False`` pins the list to ``endpoints``.
     """
 
     def __init__(
@@ -54,9 +60,18 @@ class Client(ClientBase):
         server_key: str | bytes | None = None,
         client_key: str | None = None,
         wait_for_server: bool = False,
+        discover: bool = True,
+        region: int | None = None,
     ) -> None:
         super().__init__(
-            endpoints, timeout_s=timeout_s, retries=retries, window=window, server_key=server_key, client_key=client_key
+            endpoints,
+            timeout_s=timeout_s,
+            retries=retries,
+            window=window,
+            server_key=server_key,
+            client_key=client_key,
+            discover=discover,
+            region=region,
         )
         self.wait_for_server = wait_for_server
         self._ctx = context or zmq.Context.instance()
@@ -73,6 +88,7 @@ class Client(ClientBase):
     def _reserve(self, n: int, *, after: int | None = None, chunk: int = protocol.MAX_BLOCK) -> list[Block]:
         job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
         with self._lock:
+            self._discover()
             self._run(job)
         return job.result()
 
@@ -104,6 +120,8 @@ class Client(ClientBase):
 
     def _ask_json(self, what: str) -> dict:
         with self._lock:
+            if what != "nodes":
+                self._discover()
             round_ = StatusRound(self, what)
             while True:
                 pending, frame = round_.request(time.monotonic_ns())
@@ -139,6 +157,23 @@ class Client(ClientBase):
             sock.connect(self.endpoint)
             self._sock = sock
         return self._sock
+
+    def _discover(self) -> None:
+        """Ask the current broker for the cluster's nodes, when it is time to; never fails the call."""
+        directory = self.directory
+        now = time.monotonic_ns()
+        if not directory.due(now) or not self._core.heard:
+            return  # (until a broker has answered once, a call says so rather than wait for NODES)
+        directory.asked(now)
+        pending, frame = self._core.nodes(now + int(min(self.timeout_s, DISCOVER_TIMEOUT_S) * 1e9))
+        self._socket().send(frame)
+        reply = self._await(pending)  # a timeout resets and moves on, as for any request
+        if reply is None or reply.nodes is None:
+            return
+        target = self._learned(reply.nodes)
+        if target is not None:
+            self._reset(rotate=False)
+            self._move_to(target)
 
     def _reset(self, rotate: bool) -> None:
         """Drop the socket (and any reply still on its way) and reconnect."""
@@ -204,6 +239,8 @@ class Prefetcher:
             retries=client.retries,
             window=depth.depth,
             context=client._ctx,
+            discover=client.directory.discover,
+            region=client.directory.region,
         )
         self._source.curve = client.curve
         self._source.wait_for_server = client.wait_for_server

@@ -28,6 +28,10 @@ DEFAULT_RETRIES = 5
 DEFAULT_WINDOW = 32
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
+#: How often a client asks for the cluster's nodes (NODES), besides on connect and after a failure.
+DISCOVER_EVERY_S = 5.0
+#: The longest a NODES request may take before the client carries on without the answer.
+DISCOVER_TIMEOUT_S = 1.0
 
 
 class Block:
@@ -160,6 +164,72 @@ class Core:
             self.inflight.pop(p.request_id, None)
 
 
+class Directory:
+    """The endpoints a client uses: the seeds it was given and, with discovery, the
+    nodes the brokers report in answer to NODES.
+
+    The client asks on connect, again after a failure, and every
+    ``DISCOVER_EVERY_S``. The endpoints it uses are the nodes in rotation, those
+    of its own ``region`` first when it was told which that is, then the seeds it
+    was given that no answer lists (a seed may be a load balancer, or down for
+    now). Its first answer sends it to a node picked at random among the
+    preferred ones, so clients given the same seed spread over the cluster; a
+    node that appears later is new capacity, and a client moves to it when it
+    learns of it. A node that leaves the answer is left when the client next
+    moves. Without ``discover`` the list is the seeds, tried in turn on failure.
+    """
+
+    def __init__(self, seeds: list[str], *, discover: bool, region: int | None, rng: random.Random | None = None):
+        self.seeds = list(seeds)
+        self.discover = discover
+        self.region = region
+        self.endpoints = list(seeds)
+        #: The preferred endpoints as of the last answer (own region, or all).
+        self.preferred: list[str] = []
+        #: Every endpoint an answer has listed; None before the first answer.
+        self.seen: set[str] | None = None
+        self._next_ns = 0
+        self._rng = rng or random.Random()
+
+    def due(self, now_ns: int) -> bool:
+        return self.discover and now_ns >= self._next_ns
+
+    def asked(self, now_ns: int) -> None:
+        self._next_ns = now_ns + int(DISCOVER_EVERY_S * 1e9)
+
+    def on_failure(self) -> None:
+        """Something failed: learn the cluster again at the next chance."""
+        self._next_ns = 0
+
+    def learn(self, answer: dict, current: str) -> str | None:
+        """Take a NODES answer; the endpoint to move to, or None to stay on ``current``."""
+        nodes = [n for n in answer.get("nodes") or () if isinstance(n, dict)]
+        usable = []
+        for n in nodes:
+            eps = n.get("endpoints")
+            if isinstance(eps, list) and eps and isinstance(eps[0], str) and not protocol.endpoint_problem(eps[0]):
+                usable.append(n)
+        serving = [n for n in usable if n.get("in_rotation", True)] or usable
+        if not serving:
+            return None  # nothing to go by: keep what we have
+        mine = [n for n in serving if self.region is not None and n.get("region") == self.region]
+        preferred = [n["endpoints"][0] for n in (mine or serving)]
+        others = [n["endpoints"][0] for n in serving if n["endpoints"][0] not in preferred]
+        listed = set(preferred) | set(others)
+        self.endpoints = [*preferred, *others, *(s for s in self.seeds if s not in listed)]
+        self.preferred = preferred
+        first, seen = self.seen is None, self.seen or set()
+        self.seen = seen | listed
+        if first:
+            return self._rng.choice(preferred)
+        new = [ep for ep in preferred if ep not in seen]
+        if new:
+            return self._rng.choice(new)
+        if current not in self.endpoints:
+            return preferred[0]
+        return None
+
+
 class ClientBase:
     """What both clients keep that no socket touches: endpoints and whose turn it
     is, timeout and retry settings, the request-id core, and CURVE keys."""
@@ -173,11 +243,17 @@ class ClientBase:
         window: int,
         server_key: str | bytes | None,
         client_key: str | None,
+        discover: bool = True,
+        region: int | None = None,
     ) -> None:
-        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        if not self.endpoints:
+        seeds = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not seeds:
             raise ValueError("at least one endpoint is needed")
-        for endpoint in self.endpoints:
+        if region is not None and (isinstance(region, bool) or not isinstance(region, int) or region < 0):
+            raise ValueError(f"region must be a region number, got {region!r}")
+        #: Where requests go: the seeds, and with ``discover`` the nodes the cluster reports.
+        self.directory = Directory(seeds, discover=discover, region=region)
+        for endpoint in seeds:
             problem = protocol.endpoint_problem(endpoint)
             if problem:
                 raise ValueError(problem)
@@ -209,8 +285,26 @@ class ClientBase:
             self.curve = None
 
     @property
+    def endpoints(self) -> list[str]:
+        return self.directory.endpoints
+
+    @property
     def endpoint(self) -> str:
-        return self.endpoints[self._endpoint_index]
+        return self.endpoints[self._endpoint_index % len(self.endpoints)]
+
+    def _learned(self, answer: dict) -> str | None:
+        """Feed a NODES answer to the directory; the endpoint to move to, if any."""
+        current = self.endpoint
+        target = self.directory.learn(answer, current)
+        endpoints = self.endpoints
+        self._endpoint_index = endpoints.index(current) if current in endpoints else 0
+        if target is not None and target != current:
+            return target
+        return None
+
+    def _move_to(self, endpoint: str) -> None:
+        """Use ``endpoint`` from the next connection on (the caller closed the old one)."""
+        self._endpoint_index = self.endpoints.index(endpoint)
 
     def _timeout(self, what: str = "reply", endpoint: str | None = None) -> Timeout:
         """The error for a request that went unanswered on ``endpoint`` (the current one)."""
@@ -243,8 +337,10 @@ class ClientBase:
     def _forget_connection(self, rotate: bool) -> None:
         """The socket is going: nothing on it will be answered; move to the next endpoint."""
         self._core.abandon(list(self._core.inflight.values()))
-        if rotate and len(self.endpoints) > 1:
-            self._endpoint_index = (self._endpoint_index + 1) % len(self.endpoints)
+        if rotate:
+            self.directory.on_failure()
+            if len(self.endpoints) > 1:
+                self._endpoint_index = (self._endpoint_index + 1) % len(self.endpoints)
         self.resets += 1
 
 
@@ -307,6 +403,16 @@ class ReserveJob:
         ``last_error``).
         """
         self.requeue(asked)
+        self.attempts += 1
+        self.last_error = error
+        return self.attempts <= self.retries
+
+    def on_timeout(self, asked: list[int], error: SnowfenceError) -> bool:
+        """Requests (of these counts) went unanswered together: ask again, if attempts
+        remain. One attempt for them all: a pipelined round that times out is one
+        failure of the connection, not one per request in flight."""
+        for count in asked:
+            self.requeue(count)
         self.attempts += 1
         self.last_error = error
         return self.attempts <= self.retries
@@ -422,9 +528,8 @@ class ReserveRound:
             silent = client._never_answered()
             if silent is not None:
                 raise silent
-            for p in expired:
-                if not job.on_lost(p.count, client._timeout()):
-                    raise job.last_error
+            if not job.on_timeout([p.count for p in expired], client._timeout()):
+                raise job.last_error
             self._requeue_all()
             return True, 0.0
         if backoff and len(client.endpoints) > 1 and not isinstance(job.last_error, Overloaded):
