@@ -41,6 +41,8 @@ class BenchSpec:
     timeout_s: float = 5.0
     server_key: str | None = None
     client_key: str | None = None
+    #: Spread the client processes over every node the cluster reports (NODES).
+    discover: bool = True
     layout: dict = field(default_factory=dict)
 
 
@@ -212,11 +214,23 @@ def run(spec: BenchSpec, progress=None) -> dict:
     from .clients import Client
 
     with Client(
-        spec.endpoints, timeout_s=spec.timeout_s, retries=2, server_key=spec.server_key, client_key=spec.client_key
+        spec.endpoints,
+        timeout_s=spec.timeout_s,
+        retries=2,
+        server_key=spec.server_key,
+        client_key=spec.client_key,
+        discover=spec.discover,
     ) as client:
         status = client.status()
+        serving = []
+        if spec.discover:
+            serving = [n for n in client.nodes()["nodes"] if n.get("in_rotation") and n.get("endpoints")]
     spec.layout = status["layout"]
     worker_ids = sum(1 for w in status["workers"] if w.get("in_rotation"))
+    if len(serving) > 1:
+        # A cluster: the client processes take the nodes in turn, and the ceiling is all of theirs.
+        spec.endpoints = [n["endpoints"][0] for n in serving]
+        worker_ids = sum(len(n.get("worker_ids") or ()) for n in serving) or worker_ids
     ceiling = worker_ids * (1 << spec.layout["sequence_bits"]) * 1000
 
     mp = multiprocessing.get_context("spawn")

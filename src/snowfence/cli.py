@@ -98,6 +98,12 @@ def _connect_arg(parser: argparse.ArgumentParser) -> None:
         help=f"Broker endpoint(s), tried in turn (env SNOWFENCE_CONNECT; default {DEFAULT_CONNECT}).",
     )
     parser.add_argument(
+        "--no-discover",
+        dest="discover",
+        action="store_false",
+        help="Use only the --connect endpoints; by default the cluster's other nodes are learned from them.",
+    )
+    parser.add_argument(
         "--timeout",
         type=_number(float, 0, 1_000_000, low_open=True, what="a number of seconds"),
         default=5.0,
@@ -300,7 +306,13 @@ def _client(args: argparse.Namespace):
     endpoints = _endpoints(args)
     _curve_keys(args)
     try:
-        return Client(endpoints, timeout_s=args.timeout, server_key=args.server_key, client_key=args.client_key)
+        return Client(
+            endpoints,
+            timeout_s=args.timeout,
+            server_key=args.server_key,
+            client_key=args.client_key,
+            discover=args.discover,
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -391,6 +403,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         server_key=args.server_key,
         client_key=args.client_key,
+        discover=args.discover,
     )
     return bench.main(spec, args.json, args.plot)
 

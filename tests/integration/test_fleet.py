@@ -5,15 +5,19 @@ a --peers list."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 from nodes import FAST_LEASES, etcd_args, wait_for
 from test_operations import get, health, metric
 
 from snowfence import Client
+from snowfence.errors import SnowfenceError
 
 NODES_PREFIX = "/snowfence/test/nodes/"
 
@@ -119,3 +123,92 @@ def test_brokers_measure_every_registered_node_and_the_one_whose_clock_is_off_le
     skew.shift_all(0)
     wait_for(lambda: get(addr_c, "/readyz")[0] == 200, 30, what="the node to rejoin once its clock is back")
     skew.close()
+
+
+class Steady(threading.Thread):
+    """One client, given one seed endpoint, reserving in a loop and keeping every ID."""
+
+    def __init__(self, seed: str) -> None:
+        super().__init__(daemon=True)
+        self.client = Client(seed, timeout_s=1.0, retries=20)
+        self.blocks: list = []
+        self.errors: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                self.blocks.extend(self.client.reserve(2000))
+            except SnowfenceError as exc:
+                self.errors.append(repr(exc))
+            time.sleep(0.005)
+
+    def stop(self) -> list[int]:
+        self.halt.set()
+        self.join(30)
+        self.client.close()
+        ids = [i for b in self.blocks for i in b]
+        assert len(ids) == len(set(ids)), "an ID was issued twice"
+        return ids
+
+
+def served(node) -> int:
+    """RESERVE requests a node's workers answered (STATUS and peers' TIME requests are not counted)."""
+    return node.status()["broker"]["counters"]["replies"]
+
+
+def test_a_client_given_one_node_rides_through_its_death_a_rolling_restart_and_uses_a_new_node(nodes, etcd):
+    args = etcd_args(etcd, "test", *FAST_LEASES)
+    a, b, c = (nodes.start(name, workers=1, args=args) for name in "abc")
+    for node in (a, b, c):
+        node.wait_ready()
+    wait_for(lambda: len(names(a)) == 3, 15, what="a to see the cluster")
+    load = Steady(a.endpoint)
+    load.start()
+    try:
+        wait_for(lambda: len(load.client.endpoints) == 3, 15, what="the client to learn the cluster")
+        a.kill()
+        time.sleep(3)
+        for node in (b, c):  # a rolling restart of the others
+            assert node.stop(signal.SIGTERM) == 0
+            node.start()
+            node.wait_ready()
+            time.sleep(1)
+        d = nodes.start("d", workers=1, args=args)
+        d.wait_ready()
+        t0 = time.monotonic()
+        wait_for(lambda: served(d) > 0, 15, what="the new node to get requests from the client")
+        assert time.monotonic() - t0 < 10 + 2  # its entry takes a renewal interval to appear
+        before = len(load.blocks)
+        wait_for(lambda: len(load.blocks) > before, 10, what="more IDs after the new node joined")
+    finally:
+        ids = load.stop()
+    assert load.errors == [], load.errors
+    assert len(ids) > 100_000
+
+
+def test_bench_given_one_node_spreads_its_clients_over_the_cluster(nodes, etcd):
+    args = etcd_args(etcd, "test", *FAST_LEASES)
+    a, b = (nodes.start(name, workers=1, args=args) for name in "ab")
+    for node in (a, b):
+        node.wait_ready()
+    with Client(a.endpoint, timeout_s=1.0) as c:
+        wait_for(lambda: sum(n["in_rotation"] for n in c.nodes()["nodes"]) == 2, 15, what="a to see b serving")
+    before = {n.name: served(n) for n in (a, b)}
+    run = subprocess.run(
+        [sys.executable, "-m", "snowfence", "bench", "--connect", a.endpoint, "--duration", "1", "--warmup", "0.2",
+         "--batch", "4096", "--clients", "2", "--depth", "2", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["check"]["unique"] and sum(result["errors"].values()) == 0
+    assert all(served(n) - before[n.name] > 10 for n in (a, b)), (before, served(a), served(b))
+    b_before = served(b)
+    pinned = subprocess.run(
+        [sys.executable, "-m", "snowfence", "bench", "--connect", a.endpoint, "--no-discover", "--duration", "0.5",
+         "--warmup", "0.1", "--batch", "4096", "--clients", "2", "--depth", "2", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert pinned.returncode == 0, pinned.stderr
+    assert served(b) == b_before  # with the list pinned nothing reaches b
