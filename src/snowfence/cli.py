@@ -62,7 +62,7 @@ def _number(kind, low=None, high=None, *, low_open=False, what="a number"):
     return parse
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, names=None, repeatable=()) -> None:
     parser.add_argument(
         "--config",
         metavar="FILE",
@@ -81,7 +81,8 @@ def _add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
             dest=name,
             default=argparse.SUPPRESS,
             metavar=f.metadata.get("metavar"),
-            help=help_text + ")",
+            help=help_text + ")" + (" Repeat it for several clusters." if name in repeatable else ""),
+            action="append" if name in repeatable else "store",
         )
 
 
@@ -228,12 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser(
         "status",
         help="Show a node's workers: worker ID, state, lease, reservation.",
-        description="Ask a node (--connect) about its workers, or with --etcd read every worker ID of the "
-        "cluster from etcd: held ones with their owner, lease and mark, and retired ones with their mark.",
+        description="Ask a node (--connect) about its workers, or with --etcd read the cluster from etcd: its "
+        "nodes (endpoint, region, worker IDs, rotation, clock offsets), every worker ID held (owner, lease, mark) "
+        "or retired (mark). Repeat --etcd URLS --cluster NAME to see several clusters side by side, with any region "
+        "number two of them use flagged.",
     )
     _connect_arg(status)
     status.add_argument("--json", action="store_true", help="Print the status as JSON.")
-    _add_config_flags(status, (*LAYOUT_FIELDS, *ETCD_FIELDS))
+    _add_config_flags(status, (*LAYOUT_FIELDS, *ETCD_FIELDS), repeatable=("etcd", "cluster"))
     return parser
 
 
@@ -421,6 +424,18 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    etcds, clusters = getattr(args, "etcd", None) or [], getattr(args, "cluster", None) or []
+    if len(etcds) > 1 or len(clusters) > 1:
+        if len(etcds) != len(clusters):
+            raise ConfigError("give one --cluster NAME after each --etcd URLS")
+        configs = []
+        for urls, name in zip(etcds, clusters, strict=True):
+            args.etcd, args.cluster = urls, name
+            configs.append(_load_config(args))
+        return _clusters_status(configs, args.json)
+    for name in ("etcd", "cluster"):
+        if getattr(args, name, None):
+            setattr(args, name, getattr(args, name)[0])
     config = _load_config(args)
     if config.etcd:
         return _cluster_status(config, args.json)
@@ -509,6 +524,43 @@ def _cluster_status(config, as_json: bool) -> int:
             f"{'yes' if e.get('mark_passed') else 'no':<6} {e.get('holder') or e.get('last_holder') or ''}"
         )
     return 0
+
+
+def _clusters_status(configs: list, as_json: bool) -> int:
+    """Several etcd clusters (one a region, say) side by side: their nodes and the
+    region numbers each records; a region number two clusters use is a conflict
+    (their nodes could mint the same IDs), and makes the exit status 1."""
+    from .workers.etcd import EtcdStore
+
+    seen = []
+    for config in configs:
+        store = EtcdStore(config)
+        try:
+            seen.append({"cluster": config.cluster, "etcd": list(config.etcd), "regions": store.regions(),
+                         "nodes": store.nodes()})  # fmt: skip
+        finally:
+            store.close()
+    users: dict[int, list[str]] = {}
+    for entry in seen:
+        for region in entry["regions"]:
+            users.setdefault(region, []).append(entry["cluster"])
+    conflicts = {region: names for region, names in sorted(users.items()) if len(names) > 1}
+    if as_json:
+        doc = {"clusters": seen, "conflicts": [{"region": r, "clusters": n} for r, n in conflicts.items()]}
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(f"{'cluster':<20} {'regions':<16} {'nodes':>5}  etcd")
+        for entry in seen:
+            regions = ",".join(map(str, entry["regions"])) or "-"
+            print(f"{entry['cluster']:<20} {regions:<16} {len(entry['nodes']):>5}  {','.join(entry['etcd'])}")
+        for region, names in conflicts.items():
+            print(
+                f"CONFLICT: region {region} is used by clusters {', '.join(names)}: their nodes can mint the same IDs; "
+                "give each cluster its own region numbers"
+            )
+        if not conflicts:
+            print("no region number is used by two clusters")
+    return 1 if conflicts else 0
 
 
 def _dash(value) -> str:

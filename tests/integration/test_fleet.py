@@ -212,3 +212,45 @@ def test_bench_given_one_node_spreads_its_clients_over_the_cluster(nodes, etcd):
     )  # fmt: skip
     assert pinned.returncode == 0, pinned.stderr
     assert served(b) == b_before  # with the list pinned nothing reaches b
+
+
+def test_two_regions_on_two_etcd_clusters_need_nothing_of_each_other_and_a_shared_region_is_flagged(nodes, tmp_path):
+    from etcdharness import EtcdCluster
+
+    one = EtcdCluster(tmp_path / "etcd-r1", size=1).start()
+    two = EtcdCluster(tmp_path / "etcd-r2", size=1).start()
+    try:
+        r1 = nodes.start("r1", workers=1, args=(*etcd_args(one, "r1", *FAST_LEASES), "--region", "1"))
+        r2 = nodes.start("r2", workers=1, args=(*etcd_args(two, "r2", *FAST_LEASES), "--region", "2"))
+        r1.wait_ready()
+        r2.wait_ready()
+
+        def status(*clusters):
+            argv = [sys.executable, "-m", "snowfence", "status"]
+            for cluster, name in clusters:
+                argv += ["--etcd", ",".join(cluster.endpoints), "--cluster", name]
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+        fine = wait_for(lambda: (lambda p: p if "r2" in p.stdout and p.returncode == 0 else None)(
+            status((one, "r1"), (two, "r2"))), 10)  # fmt: skip
+        assert "no region number is used by two clusters" in fine.stdout
+        # Region 1's etcd goes away for good: region 2 does not notice.
+        one.stop()
+        with r2.client() as c:
+            deadline = time.monotonic() + 6  # past the fence window (2 s here) and a lease TTL
+            while time.monotonic() < deadline:
+                assert sum(b.count for b in c.reserve(4096)) == 4096
+                time.sleep(0.1)
+        assert all(w["state"] == "ready" for w in r2.status()["workers"])
+        # A node of region 2's cluster configured with region 1's number: a conflict.
+        one.start()
+        wrong = nodes.start("wrong", workers=1, args=(*etcd_args(two, "r2", *FAST_LEASES), "--region", "1"))
+        wrong.wait_ready()
+        r1b = nodes.start("r1b", workers=1, args=(*etcd_args(one, "r1", *FAST_LEASES), "--region", "1"))
+        r1b.wait_ready()
+        clash = wait_for(lambda: (lambda p: p if p.returncode == 1 else None)(
+            status((one, "r1"), (two, "r2"))), 10)  # fmt: skip
+        assert "CONFLICT: region 1 is used by clusters r1, r2" in clash.stdout, clash.stdout
+    finally:
+        one.stop()
+        two.stop()
