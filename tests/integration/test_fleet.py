@@ -254,3 +254,29 @@ def test_two_regions_on_two_etcd_clusters_need_nothing_of_each_other_and_a_share
     finally:
         one.stop()
         two.stop()
+
+
+def test_the_asyncio_client_discovers_too(nodes, etcd):
+    import asyncio
+
+    from snowfence import AsyncClient
+
+    args = etcd_args(etcd, "test", *FAST_LEASES)
+    a, b = (nodes.start(name, workers=1, args=args) for name in "ab")
+    for node in (a, b):
+        node.wait_ready()
+    with Client(a.endpoint, timeout_s=1.0) as c:
+        wait_for(lambda: sum(n["in_rotation"] for n in c.nodes()["nodes"]) == 2, 15, what="a to see b serving")
+
+    async def main():
+        async with AsyncClient(a.endpoint, timeout_s=1.0, retries=10) as client:
+            ids = [i for b_ in await client.reserve(1000) for i in b_]
+            ids += [i for b_ in await client.reserve(1000) for i in b_]  # the second call asks for the nodes
+            assert sorted(client.endpoints) == sorted([a.endpoint, b.endpoint])
+            a.kill()
+            for _ in range(5):
+                ids += [i for b_ in await client.reserve(1000) for i in b_]
+            return ids
+
+    ids = asyncio.run(main())
+    assert len(ids) == 7000 == len(set(ids))
