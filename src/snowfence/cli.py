@@ -504,15 +504,16 @@ def _cluster_status(config, as_json: bool) -> int:
         f"{sum(e['state'] == 'retired' for e in entries)} retired"
     )
     if members:
-        print(f"{'node':<32} {'region':>6} {'rotation':<8} {'worker_ids':<16} clock offsets to peers (ms)")
+        print(f"{'endpoint':<32} {'region':>6} {'rotation':<8} {'worker_ids':<16} clock offsets to peers (ms)")
         for n in members:
+            endpoint = (n.get("endpoints") or [None])[0] or f"({n.get('node')}: none advertised)"
             offsets = n.get("clock_offsets_ms") or {}
             shown = ", ".join(
                 f"{peer} {ms:+.1f}" for peer, ms in sorted(offsets.items()) if isinstance(ms, int | float)
             )
             ids = ",".join(str(w) for w in n.get("worker_ids") or []) or "-"
             print(
-                f"{str(n.get('node')):<32} {_dash(n.get('region')):>6} "
+                f"{endpoint:<32} {_dash(n.get('region')):>6} "
                 f"{'yes' if n.get('in_rotation') else 'no':<8} {ids:<16} {shown or '-'}"
             )
         print()
