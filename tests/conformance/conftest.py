@@ -135,6 +135,7 @@ class Server:
             deadline = time.monotonic() + 5
             while _group_alive(self.proc.pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
+            leftovers.reap_group(self.proc.pid)
             leftovers.remove_stale_run_dirs(self.proc.pid, self.run_dir_bases)
         self.ctx.destroy(linger=0)
 

@@ -96,6 +96,18 @@ def remove_stale_run_dirs(pid: int, bases: list[str]) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def reap_group(pgid: int) -> None:
+    """Collect the exited members of a killed process group that were handed to this process
+    (as subreaper) when their parent died; the group's leader is left to its ``Popen``."""
+    me = os.getpid()
+    for info in _processes().values():
+        if info["ppid"] == me and info["pgid"] == pgid and info["pid"] != pgid and info["state"] == "Z":
+            try:
+                os.waitpid(info["pid"], os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
 def _read_registry(path: str) -> list[dict]:
     try:
         data = Path(path).read_bytes()

@@ -139,7 +139,8 @@ class Node:
         gone = not self.group_alive()
         if not gone:
             os.killpg(self.pgid, signal.SIGKILL)
-        for pid in self.pids:
+        for pid in self.pids:  # each broker led its own group
+            leftovers.reap_group(pid)
             leftovers.remove_stale_run_dirs(pid, self.run_dir_bases)
         return gone
 
