@@ -38,7 +38,7 @@ return address (the client's routing id) so neither side keeps a table::
     broker -> worker  WORK     0x01 meta:u8 alen:u8 addr body
                       PING     0x02
                       STOP     0x03
-    worker -> broker  STATE    0x11 JSON status (also the heartbeat)
+    worker -> broker  STATE    0x11 JSON status (also the heartbeat; :class:`WorkerState`)
                       REPLY    0x12 meta:u8 alen:u8 addr reply_body
                       REFUSED  0x13 meta:u8 alen:u8 addr blen:u8 request_body error_body
 
@@ -48,8 +48,10 @@ many workers have refused this request so far.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -356,9 +358,169 @@ def split_refused(rest: bytes) -> tuple[bytes, bytes]:
     return rest[1:end], rest[end:]
 
 
-def encode_state(status: dict) -> bytes:
+# -- the STATE payload ----------------------------------------------------------------------
+
+
+class BadState(ValueError):
+    """A STATE payload that is not JSON, not an object, or has a field of the wrong type."""
+
+
+_NUMBER = (int, float)
+
+
+def _default(cls: type, name: str) -> Any:
+    f = cls.__dataclass_fields__[name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _get(obj: dict, name: str, kinds: tuple[type, ...], default: Any) -> Any:
+    """``obj[name]`` if it is one of ``kinds`` (None allowed where the default is None)."""
+    value = obj.get(name, default)
+    if value is None and default is None:
+        return None
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise BadState(f"STATE field {name!r} is {type(value).__name__}, not {'/'.join(k.__name__ for k in kinds)}")
+    return value
+
+
+@dataclass(frozen=True)
+class HeldState:
+    """One worker ID a worker holds, as its STATE reports it.
+
+    The lease's store may add fields of its own (``store``, ``lease_id``,
+    ``lease_ttl_s``): those travel in ``extra`` and come back out of
+    :meth:`to_dict` for STATUS."""
+
+    worker_id: int | None = None
+    state: str = "claiming"
+    token: int | None = None
+    last_ms: int | None = None
+    reserved_until_ms: int | None = None
+    reservation_headroom_ms: int | float | None = None
+    fence_in_s: float | None = None
+    lease_remaining_s: float | None = None
+    renewal_failures: int = 0
+    renewed_ago_s: float | None = None
+    last_renewal_latency_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    _KINDS = {
+        "worker_id": (int,),
+        "state": (str,),
+        "token": (int,),
+        "last_ms": (int,),
+        "reserved_until_ms": (int,),
+        "reservation_headroom_ms": _NUMBER,
+        "fence_in_s": _NUMBER,
+        "lease_remaining_s": _NUMBER,
+        "renewal_failures": (int,),
+        "renewed_ago_s": _NUMBER,
+        "last_renewal_latency_s": _NUMBER,
+    }
+
+    @classmethod
+    def from_json(cls, obj: object) -> HeldState:
+        if not isinstance(obj, dict):
+            raise BadState(f"a STATE 'held' entry is {type(obj).__name__}, not an object")
+        known = {name: _get(obj, name, kinds, _default(cls, name)) for name, kinds in cls._KINDS.items()}
+        return cls(**known, extra={k: v for k, v in obj.items() if k not in cls._KINDS})
+
+    def to_dict(self) -> dict:
+        out = {name: getattr(self, name) for name in self._KINDS}
+        return {**out, **self.extra}
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """What a worker reports in every STATE frame (its heartbeat, and on every change).
+
+    Read by the router (rotation, room, STATUS), the metrics (counters, step-back
+    histogram, gauges) and, through STATUS, ``snowfence status``. A field missing
+    from the JSON takes its default; a field of the wrong type makes the whole
+    payload a :class:`BadState`."""
+
+    slot: int = -1
+    pid: int = 0
+    #: The worker's own state: ``claiming``, ``ready``, ``stopping``, or its first worker ID's.
+    state: str = "claiming"
+    #: Whether the worker takes requests now.
+    ready: bool = False
+    #: Worker IDs ready to mint: the worker's minting rate, in sequences per millisecond.
+    ready_ids: int = 0
+    #: Requests the broker may queue at the worker at once.
+    credits: int = 1
+    #: Why it is not ready, in words.
+    reason: str | None = None
+    held: tuple[HeldState, ...] = ()
+    #: Monotonic counts since the worker process started.
+    counters: dict = field(default_factory=dict)
+    #: Steps back of the wall clock: ``le`` bucket bounds, cumulative ``counts``, ``sum_ms``, ``count``.
+    step_back_ms: dict | None = None
+    #: The kernel's view of the wall clock (``synchronized``, ``max_error_s``, ``est_error_s``, ``state``).
+    kernel_clock: dict | None = None
+    #: How far the wall clock is ahead after a forward jump.
+    clock_ahead_ms: int | float = 0
+    #: Worker IDs the store passed over when claiming: ``worker_id`` and ``reason`` each.
+    passed_over: list = field(default_factory=list)
+
+    _KINDS = {
+        "slot": (int,),
+        "pid": (int,),
+        "state": (str,),
+        "ready": (bool,),
+        "ready_ids": (int,),
+        "credits": (int,),
+        "reason": (str,),
+        "counters": (dict,),
+        "step_back_ms": (dict,),
+        "kernel_clock": (dict,),
+        "clock_ahead_ms": _NUMBER,
+        "passed_over": (list,),
+    }
+
+    @classmethod
+    def from_json(cls, obj: object) -> WorkerState:
+        if not isinstance(obj, dict):
+            raise BadState(f"a STATE payload is {type(obj).__name__}, not an object")
+        known = {name: _get(obj, name, kinds, _default(cls, name)) for name, kinds in cls._KINDS.items()}
+        for key, value in known["counters"].items():
+            if isinstance(value, bool) or not isinstance(value, _NUMBER):
+                raise BadState(f"STATE counter {key!r} is {type(value).__name__}, not a number")
+        hist = known["step_back_ms"]
+        if hist is not None and not (
+            _is_numbers(hist.get("le"))
+            and _is_numbers(hist.get("counts"))
+            and len(hist["counts"]) >= len(hist["le"])
+            and isinstance(hist.get("sum_ms"), _NUMBER)
+        ):
+            raise BadState("STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)")
+        if not all(isinstance(p, dict) and isinstance(p.get("worker_id"), int) for p in known["passed_over"]):
+            raise BadState("STATE field 'passed_over' is not a list of objects with a worker_id")
+        held = obj.get("held") or []
+        if not isinstance(held, list):
+            raise BadState(f"STATE field 'held' is {type(held).__name__}, not a list")
+        return cls(**known, held=tuple(HeldState.from_json(h) for h in held))
+
+    def to_dict(self) -> dict:
+        out = {name: getattr(self, name) for name in self._KINDS}
+        out["held"] = [h.to_dict() for h in self.held]
+        return out
+
+
+def _is_numbers(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, _NUMBER) and not isinstance(v, bool) for v in value)
+
+
+def encode_state(status: WorkerState | dict) -> bytes:
+    if isinstance(status, WorkerState):
+        status = status.to_dict()
     return b"\x11" + orjson.dumps(status)
 
 
-def decode_state(frame: bytes) -> dict:
-    return orjson.loads(frame[1:])
+def decode_state(frame: bytes) -> WorkerState:
+    """The payload of a STATE frame; :class:`BadState` for anything else."""
+    try:
+        obj = orjson.loads(frame[1:])
+    except orjson.JSONDecodeError as exc:
+        raise BadState(f"a STATE payload is not JSON: {exc}") from None
+    return WorkerState.from_json(obj)

@@ -317,3 +317,31 @@ def test_status_reports_connections_and_waiting_requests(rig):
     r.ask(c, 4096, n=3)
     broker = orjson.loads(orjson.dumps(r.router.status()))["broker"]
     assert broker["connections"] == 1 and broker["waiting"] == 2
+
+
+@pytest.mark.parametrize(
+    "payload", [b"\x11", b"\x11{not json", b"\x11[]", b'\x11{"pid": "1000"}', b'\x11{"ready": true, "held": [1]}']
+)
+def test_a_bad_state_payload_is_counted_and_ignored_and_the_worker_keeps_its_place(rig, payload):
+    r = rig(worker_queue_ms=1.0)
+    w, c = r.worker(0), r.client()
+    w.send(payload)
+    r.pump()
+    assert r.router.counters["bad_state"] == 1
+    assert [link.slot for link in r.router.rotation] == [0]  # still in rotation, as it last said
+    r.ask(c, 1)
+    [sent] = r.work(w)
+    r.answer(w, sent)
+    assert [rep.count for rep in r.replies(c)] == [1]
+
+
+def test_a_bad_state_from_an_unknown_worker_registers_nothing(rig):
+    r = rig()
+    stranger = r._socket(zmq.DEALER, r.back, identity=b"stranger")
+    stranger.send(b'\x11{"slot": 0, "pid": 1000, "ready": "yes"}')
+    r.pump()
+    assert r.router.links == {} and r.router.counters["bad_state"] == 1
+    c = r.client()
+    r.ask(c, 1)
+    [rep] = r.replies(c)
+    assert rep.error.code == "unavailable"

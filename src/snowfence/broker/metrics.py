@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from ..protocol import WorkerState
 from ..workers.clock import read_kernel_clock
 from .auth import Denials
 
@@ -53,16 +54,16 @@ class Metrics:
         #: CURVE denials, counted from the ZAP and monitor threads.
         self.curve_denials = Denials()
 
-    def observe(self, ident: bytes, status: dict) -> None:
+    def observe(self, ident: bytes, status: WorkerState) -> None:
         """Add the increments of one worker's counts since its previous report."""
-        counters = status.get("counters") or {}
+        counters = status.counters
         prev = self._last.get(ident, {})
         for key, value in counters.items():
             delta = value - prev.get(key, 0)
             if delta > 0:
                 self.totals[key] += delta
         self._last[ident] = counters
-        hist = status.get("step_back_ms")
+        hist = status.step_back_ms
         if hist:
             if not self.step_back_le:
                 self.step_back_le = list(hist["le"])
@@ -176,19 +177,18 @@ class Metrics:
         )
         for link in router.links.values():
             st = link.status
-            ahead.add_metric([str(link.slot)], (st.get("clock_ahead_ms") or 0) / 1000)
-            held = st.get("held") or []
-            if not held:
-                states["silent" if link.silent else st.get("state", "claiming")] += 1
-            for h in held:
-                states["silent" if link.silent else h.get("state")] += 1
-                wid = str(h.get("worker_id"))
-                if h.get("last_renewal_latency_s") is not None:
-                    latency.add_metric([wid], h["last_renewal_latency_s"])
-                if h.get("renewed_ago_s") is not None:
-                    age.add_metric([wid], h["renewed_ago_s"])
-                if h.get("reservation_headroom_ms") is not None:
-                    headroom.add_metric([wid], h["reservation_headroom_ms"] / 1000)
+            ahead.add_metric([str(link.slot)], st.clock_ahead_ms / 1000)
+            if not st.held:
+                states["silent" if link.silent else st.state] += 1
+            for h in st.held:
+                states["silent" if link.silent else h.state] += 1
+                wid = str(h.worker_id)
+                if h.last_renewal_latency_s is not None:
+                    latency.add_metric([wid], h.last_renewal_latency_s)
+                if h.renewed_ago_s is not None:
+                    age.add_metric([wid], h.renewed_ago_s)
+                if h.reservation_headroom_ms is not None:
+                    headroom.add_metric([wid], h.reservation_headroom_ms / 1000)
         fams.extend([latency, age, headroom, ahead])
         ws = GaugeMetricFamily("snowfence_worker_ids", "Worker IDs held, by state.", labels=["state"])
         for state in STATES:

@@ -30,7 +30,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import orjson
 import zmq
 import zmq.backend
 
@@ -54,6 +53,8 @@ MAX_TRIES = 3
 #: Broker and worker time one request takes besides its minting (measured: ~20 us),
 #: for the retry-after hint of ``overloaded``.
 REQUEST_COST_US = 20
+#: At most one log line per this long about STATE frames that could not be read.
+BAD_STATE_LOG_INTERVAL_NS = 10_000_000_000
 #: Bounds of that hint.
 RETRY_AFTER_MIN_MS = 1
 RETRY_AFTER_MAX_MS = 1000
@@ -116,7 +117,7 @@ class Link:
         self.written_off = 0
         self.ready = False
         self.seen_ns = now_ns
-        self.status: dict = {}
+        self.status = protocol.WorkerState()
         self.silent = False
 
     @property
@@ -206,7 +207,9 @@ class Router:
             "unavailable": 0,
             "bad_request": 0,
             "overloaded": 0,
+            "bad_state": 0,
         }
+        self._next_bad_state_log_ns = 0
         self.max_inflight = config.max_inflight_per_client
         self.metrics = metrics
 
@@ -394,8 +397,8 @@ class Router:
     def why_none_ready(self) -> SnowfenceError:
         """The most telling reason no worker is in rotation, as the error to answer with."""
         return refusal_for(
-            (h.get("state") for link in self.links.values() for h in link.status.get("held") or ()),
-            (link.status.get("reason") for link in self.links.values()),
+            (h.state for link in self.links.values() for h in link.status.held),
+            (link.status.reason for link in self.links.values()),
         )
 
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
@@ -466,35 +469,43 @@ class Router:
 
     def on_state(self, ident: bytes, link: Link | None, frame: bytes) -> None:
         try:
-            status = protocol.decode_state(frame)
-        except orjson.JSONDecodeError:
+            state = protocol.decode_state(frame)
+        except protocol.BadState as exc:
+            # Only our own workers reach the backend: a bad STATE is a bug or a
+            # version mix. The worker keeps its previous state (or stays unknown).
+            self.counters["bad_state"] += 1
+            now_ns = time.monotonic_ns()
+            if now_ns >= self._next_bad_state_log_ns:
+                self._next_bad_state_log_ns = now_ns + BAD_STATE_LOG_INTERVAL_NS
+                who = f"worker slot {link.slot} pid {link.pid}" if link is not None else "an unknown worker"
+                event(log, "bad_state", f"ignored a STATE from {who}: {exc}", level=logging.WARNING)
             return
         now_ns = time.monotonic_ns()
         if link is None:
-            if self.live_pids is not None and status.get("pid") not in self.live_pids:
+            if self.live_pids is not None and state.pid not in self.live_pids:
                 return
             link = self.links[ident] = Link(ident, now_ns)
             event(
                 log,
                 "worker_connected",
-                f"worker slot {status.get('slot')} pid {status.get('pid')} connected",
-                slot=status.get("slot"),
-                pid=status.get("pid"),
+                f"worker slot {state.slot} pid {state.pid} connected",
+                slot=state.slot,
+                pid=state.pid,
             )
         link.seen_ns = now_ns
-        link.status = status
+        link.status = state
         if self.metrics is not None:
-            self.metrics.observe(ident, status)
-        link.slot = status.get("slot", -1)
-        link.pid = status.get("pid", 0)
+            self.metrics.observe(ident, state)
+        link.slot = state.slot
+        link.pid = state.pid
         self.heard[link.pid] = now_ns
-        link.capacity = max(1, int(status.get("credits", 1)))
-        link.ids_per_ms = max(1, int(status.get("ready_ids", 1))) * self._ids_per_ms_per_worker_id
+        link.capacity = max(1, state.credits)
+        link.ids_per_ms = max(1, state.ready_ids) * self._ids_per_ms_per_worker_id
         link.id_budget = max(1, int(link.ids_per_ms * self._queue_ms))
         if link.silent:
             link.silent = False
             event(log, "worker_heard", f"worker slot {link.slot} pid {link.pid} is heard from again", slot=link.slot)
-        self._set_ready(link, bool(status.get("ready")))
+        self._set_ready(link, state.ready)
         if self.fair:
             self.schedule()
 
@@ -607,17 +618,14 @@ class Router:
                 "in_rotation": link.ready,
                 "silent": link.silent,
                 "outstanding": link.outstanding,
-                "reason": st.get("reason"),
-                "counters": st.get("counters", {}),
-                "passed_over": st.get("passed_over") or [],
+                "reason": st.reason,
+                "counters": st.counters,
+                "passed_over": st.passed_over,
             }
-            held = st.get("held") or []
-            if not held:
-                workers.append({"worker_id": None, "state": "silent" if link.silent else st.get("state"), **base})
-            for h in held:
-                workers.append(
-                    {**h, "worker_id": h.get("worker_id"), "state": "silent" if link.silent else h.get("state"), **base}
-                )
+            if not st.held:
+                workers.append({"worker_id": None, "state": "silent" if link.silent else st.state, **base})
+            for h in st.held:
+                workers.append({**h.to_dict(), "state": "silent" if link.silent else h.state, **base})
         return {
             "version": protocol.VERSION,
             "broker": {

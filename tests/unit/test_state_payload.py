@@ -1,0 +1,76 @@
+"""The STATE payload's schema: what a worker reports, with defaults for what it
+leaves out, and one error (BadState) for anything malformed."""
+
+from __future__ import annotations
+
+import pytest
+
+from snowfence import protocol
+from snowfence.protocol import BadState, HeldState, WorkerState
+
+
+def test_missing_fields_take_their_defaults():
+    state = protocol.decode_state(b"\x11{}")
+    assert state == WorkerState()
+    assert (state.slot, state.pid, state.state, state.ready, state.credits) == (-1, 0, "claiming", False, 1)
+    assert state.held == () and state.counters == {} and state.step_back_ms is None
+
+
+def test_a_full_payload_round_trips_and_keeps_the_stores_own_fields():
+    sent = {
+        "slot": 2,
+        "pid": 4242,
+        "state": "ready",
+        "ready": True,
+        "ready_ids": 3,
+        "credits": 32,
+        "reason": None,
+        "held": [{"worker_id": 7, "state": "ready", "token": 9, "fence_in_s": 2.5, "store": "etcd", "lease_id": "1f"}],
+        "counters": {"ids": 100, "waits_sequence": 2},
+        "step_back_ms": {"le": [1, 10], "counts": [1, 2, 2], "sum_ms": 12, "count": 2},
+        "kernel_clock": {"synchronized": True, "max_error_s": 0.1, "est_error_s": 0.01, "state": 0},
+        "clock_ahead_ms": 1.5,
+        "passed_over": [{"worker_id": 3, "reason": "its mark is unreadable"}],
+    }
+    state = protocol.decode_state(protocol.encode_state(sent))
+    assert state.pid == 4242 and state.ready_ids == 3 and state.clock_ahead_ms == 1.5
+    assert state.passed_over == [{"worker_id": 3, "reason": "its mark is unreadable"}]
+    [held] = state.held
+    assert isinstance(held, HeldState) and held.worker_id == 7 and held.fence_in_s == 2.5
+    assert held.extra == {"store": "etcd", "lease_id": "1f"}
+    assert held.to_dict()["lease_id"] == "1f" and held.to_dict()["token"] == 9
+    assert protocol.decode_state(protocol.encode_state(state)) == state
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"not json",
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'"ready"',
+        b'{"pid": "1000"}',
+        b'{"slot": 1.5}',
+        b'{"ready": 1}',
+        b'{"credits": true}',
+        b'{"ready_ids": null}',
+        b'{"reason": 3}',
+        b'{"held": {"worker_id": 1}}',
+        b'{"held": [7]}',
+        b'{"held": [{"worker_id": "7"}]}',
+        b'{"held": [{"state": null}]}',
+        b'{"counters": [1]}',
+        b'{"counters": {"ids": "many"}}',
+        b'{"counters": {"ids": true}}',
+        b'{"step_back_ms": {"le": [1], "counts": []}}',
+        b'{"step_back_ms": {"le": [1], "counts": [0, 0], "sum_ms": "0"}}',
+        b'{"kernel_clock": 1}',
+        b'{"clock_ahead_ms": "1"}',
+        b'{"passed_over": {"3": "x"}}',
+        b'{"passed_over": [{"reason": "x"}]}',
+    ],
+)
+def test_a_malformed_payload_is_one_bad_state_error(payload):
+    with pytest.raises(BadState):
+        protocol.decode_state(b"\x11" + payload)
