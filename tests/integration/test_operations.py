@@ -125,7 +125,7 @@ def test_forward_jumps_are_detected_counted_and_optionally_refused(nodes, clock)
 
 def test_a_kernel_clock_error_bound_makes_workers_refuse(nodes):
     # This host reports an unsynchronised clock (no NTP): with a bound set, nobody mints.
-    from snowfence.workers.clock import read_kernel_clock
+    from snowfence.clock import read_kernel_clock
 
     kc = read_kernel_clock()
     assert kc is not None

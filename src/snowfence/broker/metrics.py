@@ -23,8 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from ..clock import read_kernel_clock
 from ..protocol import WorkerState
-from ..workers.clock import read_kernel_clock
 from .auth import Denials
 
 log = logging.getLogger("snowfence.broker")

@@ -21,7 +21,6 @@ what it holds first.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import ctypes
 import logging
@@ -31,12 +30,14 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 import orjson
 import zmq
 import zmq.backend
 
 from .. import protocol
+from ..clock import HostClock
 from ..config import Config
 from ..errors import (
     BadRequest,
@@ -51,7 +52,6 @@ from ..errors import (
 )
 from ..logs import event
 from ..logs import setup as setup_logs
-from .clock import ForwardJumps, read_kernel_clock
 from .exits import Exit
 from .lease import Keeper, Lease, PreferenceFile, Store, embedded_namespace, node_key
 from .minter import Minter
@@ -74,8 +74,6 @@ _split_routed = protocol.split_routed
 _plain_reserve = protocol.plain_reserve
 _encode_reply = protocol.encode_reply
 _encode_block = protocol.encode_block
-#: Upper bounds (ms) of the step-back histogram's buckets.
-STEP_BACK_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 1000, 10000)
 CLAIM_BACKOFF_MIN_S = 0.25
 #: Set to 1 (tests only) to arm the fault hooks: SIGUSR1 hangs the minting loop.
 FAULT_HOOKS_ENV = "SNOWFENCE_FAULT_HOOKS"
@@ -106,6 +104,43 @@ class Held:
         self.minter = minter
         self.state = "waiting"
         self.since_ns = time.monotonic_ns()
+
+    @classmethod
+    def start(
+        cls,
+        lease: Lease,
+        config: Config,
+        *,
+        on_step_back: Callable[[int, bool], None] | None = None,
+        waits: dict | None = None,
+        on_event: Callable[[str, dict], None] | None = None,
+        loop_ns: Callable[[], int] | None = None,
+    ) -> Held:
+        """A freshly claimed lease with its minter (minting only above the previous
+        owner's mark) and its keeper (not started: the caller starts it)."""
+        minter = Minter(
+            config.layout,
+            config.region,
+            lease.worker_id,
+            max_step_back_ms=config.max_step_back_ms,
+            on_step_back=on_step_back,
+            waits=waits,
+            clock_policy=config.clock_policy,
+            max_ahead_ms=config.max_ahead_ms,
+        )
+        minter.start_after(lease.claimed_mark_ms)
+        keeper = Keeper(
+            lease,
+            minter,
+            interval_s=config.keepalive_interval_s,
+            fence_after_s=config.fence_after_s,
+            window_ms=int(config.reservation_window_s * 1000),
+            fence=not config.partition_minting,
+            on_event=on_event,
+            loop_ns=loop_ns,
+            stall_s=config.loop_stall_s,
+        )
+        return cls(lease, keeper, minter)
 
     def describe(self, mono_ns: int) -> dict:
         deadline = self.minter.fence_deadline_ns
@@ -159,18 +194,13 @@ class Worker:
         self.counters: collections.Counter = collections.Counter()
         #: Waits by cause, shared by this process's minters.
         self.waits = {"step_back": 0, "sequence": 0}
-        #: Sizes of the steps back the minters saw: cumulative counts per bucket (ms).
-        self.step_back_hist = {
-            "le": list(STEP_BACK_BUCKETS_MS),
-            "counts": [0] * (len(STEP_BACK_BUCKETS_MS) + 1),
-            "sum_ms": 0,
-            "count": 0,
-        }
-        self.kernel_clock = read_kernel_clock()
-        self.jumps = ForwardJumps(config.forward_jump_ms)
-        #: Set while a host-clock policy (kernel error bound, forward jump) forbids minting.
-        self.clock_veto: str | None = None
-        self._next_clock_check_ns = 0
+        #: Forward jumps, the kernel's error bound, the step-back histogram.
+        self.host_clock = HostClock(
+            forward_jump_ms=config.forward_jump_ms,
+            refuse_forward_jumps=config.refuse_forward_jumps,
+            max_clock_error_ms=config.max_clock_error_ms,
+            log=log,
+        )
         namespace = embedded_namespace(config.region) if config.embedded else f"etcd-{config.cluster}-r{config.region}"
         namespace += "/" + node_key(config.bind)  # never shared by two nodes on one state directory
         self.preferences = [
@@ -414,37 +444,21 @@ class Worker:
         )
         self._set_state(held, state, reason)
 
+    @property
+    def clock_veto(self) -> str | None:
+        """Set while a host-clock policy (kernel error bound, forward jump) forbids minting."""
+        return self.host_clock.veto
+
     def check_clock(self, now_ns: int) -> None:
         """Host-clock policies beyond the minter: forward jumps, the kernel's error bound."""
-        if self.jumps.observe(time.time_ns(), now_ns):
+        jumped, changed = self.host_clock.check(now_ns)
+        if jumped:
             self.counters["forward_jumps"] += 1
-            event(
-                log,
-                "clock_forward_jump",
-                f"wall clock jumped {self.jumps.ahead_ms} ms ahead of the monotonic clock",
-                level=logging.ERROR,
-                ahead_ms=self.jumps.ahead_ms,
-            )
-        veto = None
-        if self.config.refuse_forward_jumps and self.jumps.ahead_ms:
-            veto = f"wall clock is {self.jumps.ahead_ms} ms ahead after a forward jump"
-        if now_ns >= self._next_clock_check_ns:
-            self._next_clock_check_ns = now_ns + 1_000_000_000
-            self.kernel_clock = read_kernel_clock()
-        bound_ms = self.config.max_clock_error_ms
-        kc = self.kernel_clock
-        if bound_ms and kc is not None and (not kc.synchronized or kc.max_error_s * 1000 > bound_ms):
-            veto = veto or (
-                f"kernel clock {'unsynchronised' if not kc.synchronized else 'error'}: maximum error "
-                f"{kc.max_error_s * 1000:.0f} ms exceeds {bound_ms} ms"
-            )
-        if veto != self.clock_veto:
-            if veto:
-                event(log, "clock_veto", veto, level=logging.ERROR)
-                self.reason = veto
+        if changed:
+            if self.host_clock.veto:
+                self.reason = self.host_clock.veto
             elif self.held:
                 self.reason = f"holding worker ID {', '.join(str(h.lease.worker_id) for h in self.held)}"
-            self.clock_veto = veto
             self._state_dirty = True
 
     def _send_state(self) -> None:
@@ -473,9 +487,9 @@ class Worker:
             "reason": self.reason,
             "held": [h.describe(now_ns) for h in self.held],
             "counters": {**self.counters, **{f"waits_{k}": v for k, v in self.waits.items()}},
-            "step_back_ms": self.step_back_hist,
-            "kernel_clock": self.kernel_clock.to_dict() if self.kernel_clock else None,
-            "clock_ahead_ms": self.jumps.ahead_ms,
+            "step_back_ms": self.host_clock.step_backs.to_dict(),
+            "kernel_clock": self.host_clock.kernel_clock.to_dict() if self.host_clock.kernel_clock else None,
+            "clock_ahead_ms": self.host_clock.ahead_ms,
             "passed_over": [{"worker_id": w, "reason": why} for w, why in sorted(self._passed_over().items())],
         }
 
@@ -513,30 +527,15 @@ class Worker:
             self._state_dirty = True
             return False
         self._claim_backoff_s = CLAIM_BACKOFF_MIN_S
-        minter = Minter(
-            self.layout,
-            self.config.region,
-            lease.worker_id,
-            max_step_back_ms=self.config.max_step_back_ms,
-            on_step_back=self._on_step_back,
-            waits=self.waits,
-            clock_policy=self.config.clock_policy,
-            max_ahead_ms=self.config.max_ahead_ms,
-        )
         self.counters["claims"] += 1
-        minter.start_after(lease.claimed_mark_ms)
-        keeper = Keeper(
+        held = Held.start(
             lease,
-            minter,
-            interval_s=self.config.keepalive_interval_s,
-            fence_after_s=self.config.fence_after_s,
-            window_ms=window_ms,
-            fence=not self.config.partition_minting,
+            self.config,
+            on_step_back=self.host_clock.on_step_back,
+            waits=self.waits,
             on_event=lambda name, fields: event(log, name, level=logging.WARNING, **fields),
             loop_ns=lambda: self._last_tick_ns,
-            stall_s=self.config.loop_stall_s,
         )
-        held = Held(lease, keeper, minter)
         self.held.append(held)
         self.preferences[index].write(lease.worker_id, lease.token)
         ahead_ms = lease.claimed_mark_ms - now_ms
@@ -559,23 +558,9 @@ class Worker:
                 worker_id=lease.worker_id,
                 behind_ms=ahead_ms,
             )
-        keeper.start()
+        held.keeper.start()
         self._state_dirty = True
         return True
-
-    def _on_step_back(self, back_ms: int, refused: bool) -> None:
-        hist = self.step_back_hist
-        hist["count"] += 1
-        hist["sum_ms"] += back_ms
-        hist["counts"][bisect.bisect_left(hist["le"], back_ms)] += 1
-        if refused:
-            event(
-                log,
-                "clock_step_back",
-                f"wall clock stepped back {back_ms} ms; refusing",
-                level=logging.ERROR,
-                step_back_ms=back_ms,
-            )
 
     def _drop(self, held: Held, why: str) -> None:
         """Forget a lost lease: no release (it is not ours), then claim again."""
