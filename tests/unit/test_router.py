@@ -345,3 +345,99 @@ def test_a_bad_state_from_an_unknown_worker_registers_nothing(rig):
     r.ask(c, 1)
     [rep] = r.replies(c)
     assert rep.error.code == "unavailable"
+
+
+def refuse(r: Rig, w: zmq.Socket, work, code: str = "clock_unsafe") -> None:
+    meta, addr, body = work
+    err = protocol.encode_error(protocol.request_id_of(body), protocol.from_code(code))
+    w.send(protocol.encode_refused(meta, addr, body, err))
+    r.pump()
+
+
+def test_a_request_refused_by_max_tries_workers_is_answered_with_the_refusal(rig):
+    from snowfence.broker.router import MAX_TRIES
+
+    r = rig()
+    workers = [r.worker(slot) for slot in range(MAX_TRIES + 1)]
+    c = r.client()
+    r.ask(c, 1)
+    refusers = []
+    for _ in range(MAX_TRIES):
+        [(w, work)] = [(w, work) for w in workers for work in r.work(w)]
+        assert w not in refusers  # each try goes to another worker (round robin)
+        refusers.append(w)
+        refuse(r, w, work)
+    assert all(r.work(w) == [] for w in workers)  # nobody is asked a fourth time
+    [rep] = r.replies(c)
+    assert rep.error.code == "clock_unsafe"
+    assert r.router.counters["retried"] == MAX_TRIES - 1 and r.router.counters["refused"] == 1
+    assert r.router.active_connections() == 0
+
+
+def test_a_refusal_with_no_worker_left_in_rotation_goes_straight_to_the_client(rig):
+    r = rig()
+    w, c = r.worker(0), r.client()
+    r.ask(c, 1)
+    [work] = r.work(w)
+    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": False, "credits": 32, "reason": "fenced"}))
+    refuse(r, w, work, "fenced")
+    [rep] = r.replies(c)
+    assert rep.error.code == "fenced"
+    assert r.router.counters["retried"] == 0 and r.router.active_connections() == 0
+
+
+def test_replies_free_the_workers_room_and_the_connection_stops_counting_once_nothing_is_in_flight(rig):
+    r = rig(worker_credits=32)
+    w, c = r.worker(0), r.client()
+    r.ask(c, 100, n=3)
+    sent = r.work(w)
+    link = r.router.links[b"w0"]
+    assert link.outstanding == 3 and link.sent_ids == 300
+    [conn] = r.router.conns.values()
+    assert conn.inflight == 3 and conn.ids == 300
+    r.answer(w, sent[0])
+    assert link.outstanding == 2 and link.sent_ids == 200 and conn.inflight == 2 and conn.ids == 200
+    for work in sent[1:]:
+        r.answer(w, work)
+    assert link.outstanding == 0 and link.sent_ids == 0 and r.router.active_connections() == 0
+    assert [rep.count for rep in r.replies(c)] == [100, 100, 100]
+    assert r.router.counters["replies"] == 3
+
+
+def test_a_state_sent_by_a_worker_already_reaped_does_not_bring_it_back(rig):
+    r = rig()
+    r.router.live_pids = {1001}  # the supervisor's live processes: slot 0's pid 1000 is gone
+    r.worker(0)
+    assert r.router.links == {} and r.router.rotation == []
+    r.worker(1)
+    assert [link.pid for link in r.router.rotation] == [1001]
+
+
+def test_a_silent_worker_is_forgotten_after_three_timeouts_and_registers_again_when_it_speaks(rig):
+    r = rig(heartbeat_timeout_s=1.5)
+    w = r.worker(0)
+    seen_ns = r.router.links[b"w0"].seen_ns
+    for step in range(1, 5):  # 2 s: silent, out of rotation, still known
+        r.router.tick(seen_ns + step * int(0.5e9))
+    assert r.router.links[b"w0"].silent and r.router.rotation == []
+    for step in range(5, 11):  # 5 s: more than three timeouts
+        r.router.tick(seen_ns + step * int(0.5e9))
+    assert r.router.links == {}
+    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": True, "ready_ids": 1, "credits": 32}))
+    r.pump()
+    assert [link.slot for link in r.router.rotation] == [0] and not r.router.links[b"w0"].silent
+
+
+def test_once_stopping_waiting_and_new_requests_are_answered_unavailable_and_sent_ones_still_complete(rig):
+    r = rig(worker_queue_ms=1.0)
+    w, c = r.worker(0), r.client()
+    r.ask(c, 4096, n=3)
+    [sent] = r.work(w)
+    r.router.stop_accepting()
+    r.ask(c, 1)
+    codes = [rep.error.code for rep in r.replies(c)]
+    assert codes == ["unavailable"] * 3  # two that waited, one new
+    r.answer(w, sent)
+    [rep] = r.replies(c)
+    assert rep.error is None and rep.count == 4096
+    assert r.router.active_connections() == 0
