@@ -232,12 +232,7 @@ class Node:
         """This node's membership entry as of now."""
         router = self.router
         worker_ids = sorted(
-            {
-                h["worker_id"]
-                for link in router.links.values()
-                for h in link.status.get("held") or ()
-                if "worker_id" in h
-            }
+            {h.worker_id for link in router.links.values() for h in link.status.held if h.worker_id is not None}
         )
         return {
             **self.entry,
