@@ -212,7 +212,8 @@ class EtcdCluster:
         p = self.ctl("endpoint", "status", "-w", "json", endpoints=[m.client_url for m in live])
         for entry in orjson.loads(p.stdout or "[]"):
             status = entry["Status"]
-            if status["header"]["member_id"] == status["leader"]:
+            # During an election etcd leaves "leader" out of the JSON (a zero value).
+            if status.get("leader") and status["header"]["member_id"] == status["leader"]:
                 return next(m for m in live if m.client_url == entry["Endpoint"])
         return None
 
