@@ -39,6 +39,7 @@ def _shm() -> str | None:
 def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
     """One process's share: seeds seed+job, seed+job+jobs, ... until the deadline or a violation."""
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
+    totals["partition_minting"] = 0
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
     failure = None
@@ -59,6 +60,7 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
         for key in ("faults", "mints", "ids", "refused", "claims", "sim_s"):
             totals[key] += result[key]
         kinds[result["kind"]] = kinds.get(result["kind"], 0) + 1
+        totals["partition_minting"] += result["partition_minting"]
         for _, kind in result["fault_log"]:
             fault_kinds[kind] = fault_kinds.get(kind, 0) + 1
         if result["violation"]:
@@ -114,6 +116,7 @@ def main() -> int:
         p.join()
     elapsed = time.monotonic() - start
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
+    totals["partition_minting"] = 0
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
     failures = []
@@ -141,6 +144,7 @@ def main() -> int:
         "refusals": totals["refused"],
         "claims": totals["claims"],
         "schedules_by_store": kinds,
+        "schedules_minting_through_partitions": totals["partition_minting"],
         "faults_by_kind": dict(sorted(fault_kinds.items())),
     }
     if failures:
