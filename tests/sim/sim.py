@@ -247,7 +247,17 @@ class Proc:
         self.layout_checked = False
         self.next_claim = 0
         self.claim_backoff = 0.25
+        #: The worker ID each of the slot's leases held last. Embedded: the real
+        #: preference files (the store reads their tokens to detect a rolled-back
+        #: mark); etcd: in memory (its preference files would need a state directory).
         self.preferred: list[int | None] = [None] * config.ids_per_worker
+        self.preferences = None
+        if config.embedded:
+            namespace = lease_mod.embedded_namespace(config.region) + "/" + lease_mod.node_key("sim")
+            self.preferences = [
+                lease_mod.PreferenceFile(config.state_dir, namespace, f"slot-{slot}" + (f"-{i}" if i else ""))
+                for i in range(config.ids_per_worker)
+            ]
         self.loop: Thread | None = None
         self.holder = f"n{node.index}:s{slot}"
         self.next_tick = 0
@@ -1049,7 +1059,8 @@ class World:
             if not p.layout_checked:
                 store.check_layout(self.layout)
                 p.layout_checked = True
-            lease = store.claim(p.preferred[index], p.holder, now_ms, max_ahead_ms=self.window_ms + 2000)
+            preferred = p.preferences[index].read() if p.preferences else p.preferred[index]
+            lease = store.claim(preferred, p.holder, now_ms, max_ahead_ms=self.window_ms + 2000)
         except ConfigError as exc:
             raise Violation(f"a worker could not boot: {exc}") from None
         except SnowfenceError:
@@ -1092,6 +1103,8 @@ class World:
         p.held.append(h)
         p.dirty = True
         p.preferred[index] = lease.worker_id
+        if p.preferences:
+            p.preferences[index].write(lease.worker_id, lease.token)
         self.counts["claims"] += 1
         h.gen = self.keeper_run(keeper)
         self.at(self.T, h.thread, self.keeper_step, p, h, 0)
