@@ -516,3 +516,54 @@ def test_a_region_directory_removed_under_its_holders_loses_their_leases_and_kee
     lease.abandon()
     again = s.claim(preferred=0, holder=HOLDER, now_ms=0, max_ahead_ms=0)
     assert again.worker_id == 1 and "deleted" in s.passed_over[0]
+
+
+def test_the_region_lock_is_taken_on_the_directory_at_the_path_not_on_one_removed_from_it(tmp_path, monkeypatch):
+    s = store(tmp_path)
+    stale = s.dir.with_name("stale")
+    os.rename(s.dir, stale)  # the region directory is removed and made again...
+    s.dir.mkdir()
+    holder = os.open(s.dir, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # ...and another process holds the new one's lock
+    real_open, opened = os.open, []
+
+    def open_stale_first(path, flags, *args):
+        # As if this process had opened the directory before it was swapped.
+        if Path(path) == s.dir and not opened:
+            opened.append(path)
+            return real_open(stale, flags, *args)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(embedded.os, "open", open_stale_first)
+    try:
+        with pytest.raises(StateDirBusy):
+            with s.region_lock():
+                pass
+    finally:
+        os.close(holder)
+    assert opened  # the stale directory was opened, locked, and found not to be the one at the path
+    with s.region_lock():  # once the holder is gone, the real one is taken
+        pass
+
+
+def test_a_lease_given_up_twice_closes_its_descriptor_once(tmp_path, monkeypatch):
+    s = store(tmp_path)
+    lease = s.claim(None, "h", 0, 10_000)
+    closed = []
+    real_close = os.close
+    monkeypatch.setattr(embedded.os, "close", lambda fd: (closed.append(fd), real_close(fd)))
+    threads = [threading.Thread(target=lease.abandon) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(closed) == 1
+
+
+def test_a_preference_file_with_a_bad_line_keeps_the_tokens_on_its_other_lines(tmp_path):
+    pref = PreferenceFile(tmp_path, "ns", "slot-0")
+    pref.path.parent.mkdir(parents=True)
+    pref.path.write_text("3 17\nthis is not a line\n5 9\n")
+    assert PreferenceFile.parse(pref.path.read_text()) == [(3, 17), (5, 9)]
+    pref.write(4, 2)
+    assert sorted(PreferenceFile.parse(pref.path.read_text())) == [(3, 17), (4, 2), (5, 9)]

@@ -81,8 +81,11 @@ def test_a_loop_that_turns_keeps_its_worker_id():
 def test_a_keeper_paused_with_its_whole_process_gives_the_loop_a_turn_before_judging_it():
     clock, lease, minter, keeper, events = keeper_with_loop(False, loop_idle_s=30.0)
     assert keeper.loop_stalled_s() == pytest.approx(30.0)
-    keeper._overslept_ns = int(28e9)  # its own 2 s wait took 30 s: SIGSTOP, a VM freeze
+    keeper._sleep(0)  # it meant to be away for no time...
+    clock.advance_ms(30_000)  # ...and 30 s went by before it looked again: SIGSTOP, a VM freeze
     assert keeper.loop_stalled_s() is None
+    # At its next look it judges again: the loop has had its chance.
+    assert keeper.loop_stalled_s() == pytest.approx(60.0)
 
 
 def test_without_a_loop_to_watch_the_keeper_never_gives_up_for_it():

@@ -441,3 +441,53 @@ def test_once_stopping_waiting_and_new_requests_are_answered_unavailable_and_sen
     [rep] = r.replies(c)
     assert rep.error is None and rep.count == 4096
     assert r.router.active_connections() == 0
+
+
+def test_connections_that_keep_one_request_waiting_cannot_shut_out_a_bulk_loader():
+    fq, bulk = FairQueue(), Conn(b"bulk")
+    eager = [Conn(f"e{i}".encode()) for i in range(3)]
+    for _ in range(1000):
+        fq.push(bulk, (0, b"bulk", 4096))
+    for c in eager:
+        fq.push(c, (0, c.addr, 4096))
+    got = {b"bulk": 0, **{c.addr: 0 for c in eager}}
+    for _ in range(300):  # rounds of three free slots; each eager connection asks again once served
+        served = []
+
+        def place(conn, meta, body, count, served=served):
+            if len(served) == 3:
+                return False
+            served.append(conn)
+            return True
+
+        fq.serve(place)
+        for conn in served:
+            got[conn.addr] += 1
+            if conn is not bulk:
+                fq.push(conn, (0, conn.addr, 4096))
+    assert got[b"bulk"] >= 0.2 * sum(got.values()), got  # about a quarter, its fair share
+
+
+def test_a_worker_silent_while_its_process_lives_keeps_what_it_owes_and_its_late_answers_match(rig):
+    r = rig(max_inflight_per_client=8, worker_credits=8, heartbeat_timeout_s=1.5)
+    r.router.live_pids = {1000}
+    w, c = r.worker(0), r.client()
+    r.ask(c, 1, n=4)
+    owed = r.work(w)
+    seen_ns = r.router.links[b"w0"].seen_ns
+    for step in range(1, 12):  # 5.5 s of silence: past three heartbeat timeouts
+        r.router.tick(seen_ns + step * int(0.5e9))
+    assert b"w0" in r.router.links and not r.router.rotation  # kept: its process lives
+    assert r.router.active_connections() == 0
+    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": True, "ready_ids": 1, "credits": 8}))
+    r.pump()
+    r.ask(c, 1, n=2)
+    fresh = r.work(w)
+    assert len(fresh) == 2
+    for work in owed:  # it answers in order: what it owed first
+        r.answer(w, work)
+    conn = next(iter(r.router.conns.values()))
+    assert conn.inflight == 2  # the late answers took nothing off the new requests
+    for work in fresh:
+        r.answer(w, work)
+    assert conn.inflight == 0 and not r.router.links[b"w0"].sent

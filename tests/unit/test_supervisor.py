@@ -27,6 +27,8 @@ class FakeProc:
         self.signals: list[int] = []
         self.obeys_sigterm = obeys_sigterm
         self.on_death = on_death
+        #: In uninterruptible I/O: even SIGKILL takes effect only later.
+        self.stuck_in_the_kernel = False
 
     def poll(self) -> int | None:
         return self.returncode
@@ -35,7 +37,7 @@ class FakeProc:
         if self.returncode is not None:
             raise ProcessLookupError(self.pid)
         self.signals.append(sig)
-        if sig == signal.SIGKILL or (sig == signal.SIGTERM and self.obeys_sigterm):
+        if (sig == signal.SIGKILL and not self.stuck_in_the_kernel) or (sig == signal.SIGTERM and self.obeys_sigterm):
             self.exit(-sig)
 
     def wait(self) -> int:
@@ -321,3 +323,19 @@ def test_describe_reports_slots_restarts_and_when_the_next_restart_comes(rig):
     assert s1["pid"] == r.proc(1).pid and s1["restart_in_s"] is None
     r.sup.begin_stop("test")
     assert r.sup.describe()["state"] == "stopping"
+
+
+def test_a_worker_that_takes_its_time_to_die_of_sigkill_is_killed_and_counted_once(rig):
+    r = rig(obeys_sigterm=False, worker_kill_after_s=5.0, shutdown_timeout_s=2.0, heartbeat_timeout_s=3.0)
+    stuck, talker = r.proc(0), r.proc(1)
+    stuck.stuck_in_the_kernel = True
+    for _ in range(1500):  # 15 s: the limit, the grace, and several graces more
+        r.sup.heard[talker.pid] = r.now_ns
+        r.run_for(0.01)
+    assert stuck.signals == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
+    assert r.sup.procs[0].kills == 1
+    stuck.exit(-signal.SIGKILL)  # the kernel gets round to it
+    for _ in range(30):
+        r.sup.heard[talker.pid] = r.now_ns
+        r.run_for(0.01)
+    assert r.proc(0) is not stuck and r.sup.procs[0].restarts == 1

@@ -35,7 +35,7 @@ MIN_COST_IDS = 64
 class Conn:
     """One client connection's share: what it has in flight and what waits."""
 
-    __slots__ = ("addr", "inflight", "ids", "queue", "deficit", "turn")
+    __slots__ = ("addr", "inflight", "ids", "queue", "deficit", "turn", "listed")
 
     def __init__(self, addr: bytes) -> None:
         self.addr = addr
@@ -49,6 +49,8 @@ class Conn:
         self.deficit = 0
         #: Whether its turn has begun (it was given its quantum).
         self.turn = False
+        #: Whether it is on one of the fair queue's lists.
+        self.listed = False
 
 
 def cost(count: int) -> int:
@@ -61,39 +63,61 @@ class FairQueue:
     As in FQ-CoDel, a connection that had nothing waiting goes on a list of new
     connections, served before the others: a client that asks now and then (a
     pipeline wanting one block) is next in line, not behind the turn a greedy
-    connection has already begun. Once it has used a turn it joins the others.
+    connection has already begun. A connection that empties its queue in its
+    turn goes to the back of the others' list rather than leave, so asking
+    again at once does not make it new again: connections that keep one
+    request waiting take their turns with everyone and cannot shut the others
+    out. A connection leaves the lists when its turn comes round and it has
+    nothing waiting.
     """
 
     def __init__(self, quantum: int = QUANTUM) -> None:
         self.quantum = quantum
         #: Connections that had nothing waiting when their request came.
         self.new: deque[Conn] = deque()
-        #: Connections that have used a turn and still have requests waiting.
+        #: Connections that have had a turn (some may have nothing waiting now).
         self.old: deque[Conn] = deque()
+        #: Requests waiting, over all connections.
+        self.waiting = 0
 
     def __bool__(self) -> bool:
-        return bool(self.new or self.old)
+        return self.waiting > 0
 
     def __len__(self) -> int:
-        """Requests waiting, over all connections."""
-        return sum(len(c.queue) for c in self.new) + sum(len(c.queue) for c in self.old)
+        return self.waiting
 
     def push(self, conn: Conn, item: tuple[int, bytes, int], front: bool = False) -> None:
         """Queue a request; ``front`` for one that was already its connection's turn (a retry)."""
-        if not conn.queue:
+        if not conn.listed:
+            conn.listed = True
+            conn.deficit = 0
+            conn.turn = False
             self.new.append(conn)
         if front:
             conn.queue.appendleft(item)
         else:
             conn.queue.append(item)
+        self.waiting += 1
 
     def serve(self, place: Callable[[Conn, int, bytes, int], bool]) -> None:
         """Hand waiting requests to ``place(conn, meta, body, count)`` in fair order
         until it returns False (no worker has room for that request)."""
         new, old = self.new, self.old
-        while new or old:
+        while self.waiting:
             line = new if new else old
             conn = line[0]
+            if not conn.queue:
+                line.popleft()
+                if conn.turn or line is new:
+                    # It emptied its queue in its turn: to the back of the others, so
+                    # asking again at once does not make it a newcomer again.
+                    conn.turn = False
+                    old.append(conn)
+                else:
+                    # Its turn came round and it had nothing waiting: it leaves.
+                    conn.listed = False
+                    conn.deficit = 0  # an idle connection saves up no credit
+                continue
             if not conn.turn:
                 conn.deficit += self.quantum
                 conn.turn = True
@@ -109,10 +133,7 @@ class FairQueue:
                 return
             conn.queue.popleft()
             conn.deficit -= c
-            if not conn.queue:
-                conn.deficit = 0  # an idle connection saves up no credit
-                conn.turn = False
-                line.popleft()
+            self.waiting -= 1
 
     def drain(self) -> list[tuple[Conn, int, bytes, int]]:
         """Take every waiting request out, in queue order per connection."""
@@ -123,6 +144,8 @@ class FairQueue:
                 out.append((conn, meta, body, count))
             conn.deficit = 0
             conn.turn = False
+            conn.listed = False
         self.new.clear()
         self.old.clear()
+        self.waiting = 0
         return out

@@ -182,6 +182,9 @@ class Router:
         self.conns: dict[bytes, Conn] = {}
         #: Requests waiting for a worker with room, by connection.
         self.fair = FairQueue()
+        #: False once a placement found no worker with room, until one answers or
+        #: changes state: a saturated node does not scan its workers for every request.
+        self._room = True
         self.accepting = True
         #: Set while the node must not mint at all (its clock disagrees with its peers).
         self.veto: str | None = None
@@ -298,7 +301,8 @@ class Router:
             self.answer_now(meta, conn.addr, body, count, self.why_none_ready())
         else:
             self.fair.push(conn, (meta, body, count), front=retry)
-            self.schedule()
+            if self._room:
+                self.schedule()
 
     def schedule(self) -> None:
         """Place waiting requests at workers with room, connections taking turns by IDs."""
@@ -313,6 +317,7 @@ class Router:
         while True:
             link = self.pick(count)
             if link is None:
+                self._room = False  # until a worker answers or changes state
                 return False
             if self.send_work(link, meta, conn.addr, body, count):
                 return True
@@ -429,32 +434,38 @@ class Router:
                 meta, addr, reply = _split_routed(frame)
                 counters["replies"] += 1
                 to_client(meta, addr, reply)
-                count = self._answered(link)
+                count = self._answered(link, addr)
                 if count:
                     self.done(addr, count)
             elif kind == _REFUSED:
-                self.on_refused(frame, self._answered(link))
+                meta, addr, rest = _split_routed(frame)
+                self.on_refused(meta, addr, rest, self._answered(link, addr))
             elif kind == _STATE:
                 self.on_state(ident, link, frame)
         if self.fair:
             self.schedule()
 
-    @staticmethod
-    def _answered(link: Link | None) -> int:
+    def _answered(self, link: Link | None, addr: bytes) -> int:
         """The worker answered its oldest request: free its room. The count that
         request asked for, or 0 if it was already written off (the worker had
         fallen silent, or was forgotten)."""
         if link is None or not link.sent:
             return 0
-        _, count = link.sent.popleft()
+        sent_to, count = link.sent.popleft()
         link.sent_ids -= count
+        self._room = True
         if link.written_off:
             link.written_off -= 1
             return 0
+        if sent_to != addr:
+            # Not the answer to the oldest request: one sent before this link was
+            # made (a worker forgotten and heard again). Already written off.
+            link.sent.appendleft((sent_to, count))
+            link.sent_ids += count
+            return 0
         return count
 
-    def on_refused(self, frame: bytes, count: int) -> None:
-        meta, addr, rest = protocol.split_routed(frame)
+    def on_refused(self, meta: int, addr: bytes, rest: bytes, count: int) -> None:
         request, error_reply = protocol.split_refused(rest)
         tries = (meta & _META_TRIES) + 1
         conn = self.conns.get(addr) if count else None
@@ -506,6 +517,7 @@ class Router:
             link.silent = False
             event(log, "worker_heard", f"worker slot {link.slot} pid {link.pid} is heard from again", slot=link.slot)
         self._set_ready(link, state.ready)
+        self._room = True
         if self.fair:
             self.schedule()
 
@@ -567,10 +579,17 @@ class Router:
             for link in self.links.values():
                 link.seen_ns = max(link.seen_ns, now_ns - self._heartbeat_ns)
         self._next_ping_ns = now_ns + self._heartbeat_ns
-        self.conns = {addr: conn for addr, conn in self.conns.items() if conn.inflight > 0 or conn.queue}
+        self.conns = {a: c for a, c in self.conns.items() if c.inflight > 0 or c.queue or c.listed}
         for ident, link in list(self.links.items()):
-            if link.silent and now_ns - link.seen_ns > 3 * self._timeout_ns:
-                self.forget(ident, "silent for too long")  # it re-registers if it ever speaks again
+            if (
+                link.silent
+                and now_ns - link.seen_ns > 3 * self._timeout_ns
+                and (self.live_pids is None or link.pid not in self.live_pids)
+            ):
+                # Its process is gone (or unknown to us). One still running keeps its
+                # link, with the requests it owes in order, until the supervisor
+                # kills it: if it speaks again, its answers must match.
+                self.forget(ident, "silent for too long")
                 continue
             if not link.silent and now_ns - link.seen_ns > self._timeout_ns:
                 link.silent = True

@@ -38,6 +38,10 @@ STABLE_AFTER_S = 10.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
 
 
+#: ``Proc.kill_at_ns`` once SIGKILL has gone out: never again.
+SIGKILL_SENT = 1 << 62
+
+
 class Process(Protocol):
     """What the supervisor needs of a worker process (a subset of ``subprocess.Popen``)."""
 
@@ -206,7 +210,9 @@ class Supervisor:
             if proc.kill_at_ns is not None:
                 if now_ns >= proc.kill_at_ns:
                     self._signal(popen, signal.SIGKILL)
-                    proc.kill_at_ns = None
+                    # Sent: one kill, however long the kernel takes to carry it out
+                    # (a process in uninterruptible I/O); reaping clears it.
+                    proc.kill_at_ns = SIGKILL_SENT
                 continue
             heard_ns = max(self.heard.get(popen.pid, 0), proc.started_ns)
             silent_s = (now_ns - heard_ns) / 1e9

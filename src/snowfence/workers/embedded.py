@@ -162,6 +162,7 @@ class FileLease(Lease):
         super().__init__(store.region, worker_id, token, mark_ms)
         self._store = store
         self._fd = fd
+        self._abandon_lock = threading.Lock()
         #: (st_dev, st_ino) of the lock file we hold the flock on.
         self.lock_id = lock_id
         self.holder = holder
@@ -252,9 +253,13 @@ class FileLease(Lease):
             self.abandon()
 
     def abandon(self) -> None:
-        if not self.released:
+        # The keeper (giving up for a stalled loop) and the worker may both get
+        # here: the descriptor is taken once, so it is closed once.
+        with self._abandon_lock:
+            fd, self._fd = self._fd, -1
             self.released = True
-            os.close(self._fd)  # closing the descriptor drops the flock
+        if fd >= 0:
+            os.close(fd)  # closing the descriptor drops the flock
 
     def describe(self) -> dict:
         return {**super().describe(), "store": "embedded"}
@@ -365,16 +370,36 @@ class FileStore(Store):
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
                 except OSError as exc:
                     if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                         raise StateDirError(f"cannot lock {self.dir}: {exc.strerror or exc}") from None
+                else:
+                    # A lock on a directory that was removed and made again locks
+                    # nothing the others see: it must be the one at the path.
+                    held = os.fstat(fd)
+                    try:
+                        now = os.stat(self.dir)
+                    except OSError:
+                        now = None
+                    if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                        break
+                    os.close(fd)
+                    fd = -1
+                    try:
+                        self.dir.mkdir(parents=True, exist_ok=True)
+                        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    except OSError as exc:
+                        raise StateDirError(
+                            f"region directory {self.dir} is not usable: {exc.strerror or exc}"
+                        ) from None
+                    continue
                 if time.monotonic() >= deadline:
                     raise StateDirBusy(f"another process has held {self.dir} locked for {REGION_LOCK_WAIT_S} s")
                 time.sleep(0.002)
             yield
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def mark(self, worker_id: int) -> Mark | None:
         """The mark of a worker ID; None if it has no mark file.

@@ -177,21 +177,23 @@ class PreferenceFile:
     @staticmethod
     def parse(text: str) -> list[tuple[int, int | None]]:
         """``[(worker_id, token), ...]``, the last claim first; a token is None in
-        files that predate tokens."""
+        files that predate tokens. A line that does not read is left out, not the
+        file: the tokens on the other lines still guard against a rolled-back mark."""
         out = []
         for line in text.splitlines():
             parts = line.split()
-            if not parts:
+            try:
+                if not 1 <= len(parts) <= 2:
+                    raise ValueError
+                worker_id = int(parts[0])
+                token = int(parts[1]) if len(parts) == 2 else None
+            except ValueError:
                 continue
-            if len(parts) > 2:
-                raise ValueError(f"expected 'WORKER_ID [TOKEN]', got {line!r}")
-            worker_id = int(parts[0])
-            token = int(parts[1]) if len(parts) == 2 else None
             if worker_id < 0 or (token is not None and token < 0):
-                raise ValueError(f"negative number in {line!r}")
+                continue
             out.append((worker_id, token))
         if not out:
-            raise ValueError("empty")
+            raise ValueError("no line reads as 'WORKER_ID [TOKEN]'")
         return out
 
     def _entries(self) -> list[tuple[int, int | None]]:
@@ -213,7 +215,10 @@ class PreferenceFile:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("\n".join(lines) + "\n")
+            with open(tmp, "w") as f:
+                f.write("\n".join(lines) + "\n")
+                f.flush()
+                os.fsync(f.fileno())  # its tokens are a guard: keep them across a crash
             os.replace(tmp, self.path)
         except OSError as exc:  # losing a preference costs churn and weakens the rollback check, no more
             log.warning("cannot record last worker ID in %s: %s", self.path, exc)
@@ -297,7 +302,11 @@ class Keeper(threading.Thread):
         self._loop_ns = loop_ns
         self._stall_ns = int(stall_s * 1e9)
         #: How much longer than asked the keeper's last wait took (a pause of the whole process).
-        self._overslept_ns = 0
+        #: When the keeper last judged the loop, and how long it meant to be away
+        #: until the next time (its wait): a keeper away much longer than that was
+        #: paused with the whole process, wherever in its iteration.
+        self._judged_ns = 0
+        self._away_ns = 0
 
     def renew_once(self) -> None:
         """One renewal and, if due, one extension. Raises what the store raised."""
@@ -317,14 +326,17 @@ class Keeper(threading.Thread):
     def loop_stalled_s(self) -> float | None:
         """Seconds the worker's loop has not turned, if past the bound; else None.
 
-        A keeper that itself woke far later than it meant to was paused with the
-        whole process (SIGSTOP, a VM freeze): the loop gets a turn before it is judged.
+        A keeper that itself was away far longer than it meant to be (in its wait
+        or in a renewal) was paused with the whole process (SIGSTOP, a VM
+        freeze): the loop gets a turn before it is judged.
         """
         if self._loop_ns is None or not self._stall_ns:
             return None
-        if self._overslept_ns > self._stall_ns // 2:
+        now_ns = self._mono_ns()
+        last_ns, self._judged_ns = self._judged_ns, now_ns
+        if last_ns and now_ns - last_ns > self._away_ns + self._stall_ns // 2:
             return None
-        idle_ns = self._mono_ns() - self._loop_ns()
+        idle_ns = now_ns - self._loop_ns()
         return idle_ns / 1e9 if idle_ns > self._stall_ns else None
 
     def give_up(self, why: str) -> None:
@@ -381,10 +393,9 @@ class Keeper(threading.Thread):
             self._sleep(self.interval_s)
 
     def _sleep(self, seconds: float) -> None:
-        start = self._mono_ns()
+        self._away_ns = int(seconds * 1e9)
         self._wake.wait(seconds)
         self._wake.clear()
-        self._overslept_ns = self._mono_ns() - start - int(seconds * 1e9)
 
     def wake(self) -> None:
         """Renew and extend now rather than at the next interval."""
