@@ -22,7 +22,7 @@ def main() -> int:
     rng = random.Random(seed)
     pairs = array.array("q")
     got = errors = 0
-    with Client(endpoints, timeout_s=1.0, retries=20) as client:
+    with Client(endpoints, timeout_s=1.0, retries=20, discover=False) as client:
         while got < total and time.monotonic() < deadline:
             n = min(total - got, rng.choice([1, 7, 100, 4096, 5000, rng.randint(1, 9000)]))
             try:

@@ -32,7 +32,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
     rng = random.Random(seed)
     rows = array.array("q")
-    clients = [Client(ep, timeout_s=0.5, retries=0) for ep in endpoints]
+    # Each client asks its own node: the checker holds a node to the worker IDs it held.
+    clients = [Client(ep, timeout_s=0.5, retries=0, discover=False) for ep in endpoints]
     code = {name: i for i, name in enumerate(OUTCOMES)}
     turn = seed
     while not stop[0] and not os.path.exists(out + ".stop"):

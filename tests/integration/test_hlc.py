@@ -64,7 +64,12 @@ def test_causal_tokens_are_honoured_across_two_nodes(nodes, etcd, clock, clocksh
     b_wait = nodes.start("c", workers=1, args=etcd_args(etcd))
     for n in (a, b_hlc, b_wait):
         n.wait_ready()
-    with Client(a.endpoint) as ca, Client(b_hlc.endpoint) as cb, Client(b_wait.endpoint, retries=0) as cw:
+    pin = {"discover": False}  # each client means its own node
+    with (
+        Client(a.endpoint, **pin) as ca,
+        Client(b_hlc.endpoint, **pin) as cb,
+        Client(b_wait.endpoint, retries=0, **pin) as cw,
+    ):
         token = ca.reserve(1)[0].first
         after = cb.reserve(5000, after=token)  # b jumps its logical clock past the token
         assert all(blk.first > token for blk in after)
