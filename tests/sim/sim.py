@@ -6,7 +6,7 @@ faults at moments chosen from the schedule's seed. What runs is the real code:
 * the real :class:`~snowfence.workers.minter.Minter` of every held worker ID;
 * the real state decision, :func:`~snowfence.workers.states.next_state`;
 * the real :class:`~snowfence.workers.lease.Keeper`: its ``run`` loop is turned
-  into a generator by replacing each ``self._sleep(x)`` with ``yield x`` (so its
+  into a generator by following each ``self._sleep(x)`` with ``yield x`` (so its
   retry, back-off, stall and lease-lost decisions are the real ones), and the
   simulator resumes it when the sleep is over or when ``wake()`` is called;
 * the real stores: :class:`~snowfence.workers.etcd.EtcdStore` and ``EtcdLease``
@@ -101,7 +101,9 @@ def source_of(fn) -> str:
 def keeper_steps_function():
     """``Keeper.run`` with its sleeps as yields: the real loop, driven by the simulator."""
     src = source_of(lease_mod.Keeper.run)
-    src, n = re.subn(r"self\._sleep\(([^()]*(?:\([^()]*\))?[^()]*)\)", r"(yield \1)", src)
+    # The real _sleep still runs (its bookkeeping of how long the keeper means to be
+    # away); its wait returns at once (SimWake.wait), and the yield is the wait.
+    src, n = re.subn(r"self\._sleep\(([^()]*(?:\([^()]*\))?[^()]*)\)", r"(self._sleep(\1), (yield \1))", src)
     if n == 0 or "def run(self)" not in src:
         raise RuntimeError("Keeper.run no longer sleeps through self._sleep(...): update tests/sim/sim.py")
     src = textwrap.dedent(src.replace("def run(self)", "def sim_run(self)", 1))
@@ -171,8 +173,6 @@ class Held:
         "thread",
         "gen",
         "sleep_id",
-        "sleep_start",
-        "sleep_asked",
         "doomed",
         "doomed_checked",
         "stopped",
@@ -186,8 +186,6 @@ class Held:
         self.thread = thread
         self.gen = None
         self.sleep_id = 0
-        self.sleep_start = 0
-        self.sleep_asked = 0.0
         #: Embedded: its lock file was removed underneath; checked: a keeper renewal ran since.
         self.doomed = False
         self.doomed_checked = False
@@ -211,8 +209,8 @@ class SimWake:
     def clear(self) -> None:
         pass
 
-    def wait(self, seconds) -> bool:  # pragma: no cover - the generator never sleeps for real
-        raise RuntimeError("the simulated keeper must not block")
+    def wait(self, seconds) -> bool:
+        return False  # the simulator does the waiting, at the yield that follows
 
 
 class Node:
@@ -1114,9 +1112,6 @@ class World:
     def keeper_step(self, p: Proc, h: Held, sleep_id: int) -> None:
         if h.stopped or h.gen is None or sleep_id != h.sleep_id:
             return
-        k = h.keeper
-        if h.sleep_asked:
-            k._overslept_ns = p.node.clock.mono() - h.sleep_start - int(h.sleep_asked * NS)
         try:
             delay = next(h.gen)
         except StopIteration:
@@ -1129,8 +1124,6 @@ class World:
             self.marks_dirty = True
             if h.doomed:
                 h.doomed_checked = True
-        h.sleep_start = p.node.clock.mono()
-        h.sleep_asked = delay
         h.sleep_id += 1
         self.at(self.T + max(int(delay * NS / p.node.clock.rate), 1), h.thread, self.keeper_step, p, h, h.sleep_id)
 
