@@ -280,3 +280,22 @@ def test_the_asyncio_client_discovers_too(nodes, etcd):
 
     ids = asyncio.run(main())
     assert len(ids) == 7000 == len(set(ids))
+
+
+def test_a_malformed_membership_entry_in_etcd_changes_nothing(nodes, etcd):
+    a = nodes.start("a", workers=1, args=etcd_args(etcd, "test", *FAST_LEASES))
+    a.wait_ready()
+    for key, value in (
+        ("bad1", '{"node": "bad1", "endpoints": [42]}'),
+        ("bad2", '{"node": "bad2", "endpoints": ["no-scheme"]}'),
+        ("bad3", "not json"),
+        ("bad4", '{"node": "bad4", "endpoints": "tcp://x:1"}'),
+    ):
+        p = etcd.ctl("put", NODES_PREFIX + key, value)
+        assert p.returncode == 0, p.stderr
+    time.sleep(3)  # a few membership rounds and peer updates
+    with Client(a.endpoint, timeout_s=1.0, retries=0) as c:
+        assert sum(b.count for b in c.reserve(5000)) == 5000
+        listed = {n["node"] for n in c.nodes()["nodes"]}
+    assert a.endpoint in listed and "bad3" not in listed
+    assert a.proc.poll() is None and "Traceback" not in a.log()

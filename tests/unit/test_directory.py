@@ -77,3 +77,12 @@ def test_the_client_keeps_its_endpoint_across_an_answer_that_lists_it():
 def test_a_region_must_be_a_number():
     with pytest.raises(ValueError):
         ClientBase([A], timeout_s=1.0, retries=1, window=1, server_key=None, client_key=None, region=-1)
+
+
+def test_clients_whose_node_left_do_not_all_go_to_the_same_one():
+    picks = set()
+    for s in range(40):
+        d = directory(seed=s)
+        d.learn({"nodes": [node(A), node(B), node(C), node(D)]}, A)
+        picks.add(d.learn({"nodes": [node(B), node(C), node(D)]}, A))
+    assert picks == {B, C, D}

@@ -258,7 +258,10 @@ class Node:
         others = [
             n["endpoints"][0]
             for n in self.membership.nodes
-            if n.get("node") != self.membership.name and isinstance(n.get("endpoints"), list) and n["endpoints"]
+            if n.get("node") != self.membership.name
+            and isinstance(n.get("endpoints"), list)
+            and n["endpoints"]
+            and protocol.endpoint_problem(n["endpoints"][0]) is None  # etcd contents are input too
         ]
         peers = self.peers
         before = set(peers.sockets)

@@ -115,6 +115,9 @@ class Membership(threading.Thread):
                 if self.error is None:
                     event(log, "membership_failed", f"cannot reach etcd for membership: {exc}", level=logging.WARNING)
                 self.error = str(exc)
+            except Exception as exc:  # a bug must not end the node's membership silently: log, go on
+                log.exception("membership step failed")
+                self.error = repr(exc)
             else:
                 if self.error is not None:
                     event(log, "membership_restored", "membership in etcd works again")

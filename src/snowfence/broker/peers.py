@@ -64,7 +64,11 @@ class PeerClocks:
             sock.setsockopt(zmq.IMMEDIATE, 1)
             if self._curve is not None:
                 self._curve.apply(sock)
-            sock.connect(endpoint)
+            try:
+                sock.connect(endpoint)
+            except zmq.ZMQError:
+                sock.close(0)  # an endpoint libzmq will not take: that peer does not vote
+                continue
             self.sockets[sock] = endpoint
         return True
 

@@ -81,6 +81,8 @@ class AsyncClient(ClientBase):
         self._sock: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task | None = None
         self._waiters: dict[int, asyncio.Future] = {}
+        #: Where discovery said to go while other tasks had requests in flight.
+        self._move_to_later: str | None = None
         self._closed = False
 
     # -- transport ----------------------------------------------------------------------
@@ -189,6 +191,11 @@ class AsyncClient(ClientBase):
         """Ask for the cluster's nodes when it is time to; moves only while nothing is
         in flight on the socket (other tasks may share it). Never fails the call."""
         directory = self.directory
+        if self._move_to_later is not None and not self._waiters:
+            target, self._move_to_later = self._move_to_later, None
+            if target in self.endpoints:
+                self._reset(rotate=False)
+                self._move_to(target)
         now = time.monotonic_ns()
         if not directory.due(now) or not self._core.heard:
             return
@@ -204,7 +211,11 @@ class AsyncClient(ClientBase):
         if matched is None or matched[1].nodes is None:
             return
         target = self._learned(matched[1].nodes)
-        if target is not None and not self._waiters:
+        if target is None:
+            return
+        if self._waiters:  # other tasks have requests on this socket: move when they are done
+            self._move_to_later = target
+        else:
             self._reset(rotate=False)
             self._move_to(target)
 

@@ -225,8 +225,8 @@ class Directory:
         new = [ep for ep in preferred if ep not in seen]
         if new:
             return self._rng.choice(new)
-        if current not in self.endpoints:
-            return preferred[0]
+        if current not in listed:
+            return self._rng.choice(preferred)  # it left: go on, and not all to the same one
         return None
 
 

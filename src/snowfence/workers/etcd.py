@@ -464,6 +464,9 @@ class EtcdStore(Store):
             except orjson.JSONDecodeError:
                 continue
             if isinstance(entry, dict) and isinstance(entry.get("node"), str):
+                eps = entry.get("endpoints")
+                if not isinstance(eps, list) or not all(isinstance(ep, str) for ep in eps):
+                    entry["endpoints"] = []  # unusable: listed, but nobody connects to it
                 out.append(entry)
         return sorted(out, key=lambda e: e["node"])
 
