@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -368,3 +369,22 @@ def test_a_reply_of_another_version_is_named_as_such_even_when_only_a_header():
 def test_an_ipc_path_may_itself_contain_the_scheme_separator():
     assert p.endpoint_problem("ipc:///run/odd://name") is None
     assert p.endpoint_problem("ws://127.0.0.1:8080/a/b:c") is None
+
+
+@pytest.mark.parametrize(
+    "retry_after, kept",
+    [(0, True), (1500, True), (60_000, True), (60_001, False), (-1, False), (True, False), ("5", False), (1.5, False)],
+)
+def test_an_error_reply_keeps_a_plausible_retry_after_only(retry_after, kept):
+    wire = {"code": "overloaded", "message": "busy", "retriable": True, "retry_after_ms": retry_after}
+    err = p.decode_reply(p.HEADER.pack(1, p.ERROR, 0, 5) + orjson.dumps(wire)).error
+    assert getattr(err, "retry_after_ms", None) == (retry_after if kept else None)
+
+
+def test_a_wss_endpoint_needs_host_and_port_too():
+    assert "a wss endpoint needs host:port" in p.endpoint_problem("wss://127.0.0.1")
+
+
+def test_a_bad_port_to_connect_to_is_not_offered_the_bind_wildcard():
+    assert p.endpoint_problem("tcp://127.0.0.1:x").endswith(": the port must be a number 0..65535")
+    assert p.endpoint_problem("tcp://127.0.0.1:x", bind=True).endswith(": the port must be a number 0..65535 or *")
