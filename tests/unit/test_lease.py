@@ -154,3 +154,81 @@ def test_store_defaults():
     for call in (lambda: s.check_layout(None), lambda: s.try_claim(0, "h", None), lambda: list(s.candidates())):
         with pytest.raises(NotImplementedError):
             call()
+
+
+# -- passed-over worker IDs, node keys, the preference file's token record -------------------------
+
+
+def test_a_passed_over_worker_id_is_recorded_logged_once_per_reason_and_forgotten_once_readable(caplog):
+    s = MapStore({0: 0, 1: 0}, broken={0}, taken={1})
+    with caplog.at_level(logging.WARNING, logger="snowfence.lease"):
+        s.claim(None, "h", 100, 10)
+        s.claim(None, "h", 100, 10)  # the same reason again: not logged again
+    assert s.passed_over == {0: "mark of worker ID 0 is unreadable"}
+    records = [r for r in caplog.records if getattr(r, "event", None) == "worker_id_passed_over"]
+    assert len(records) == 1
+    assert records[0].fields == {"worker_id": 0, "reason": "mark of worker ID 0 is unreadable"}
+    assert records[0].getMessage() == "passing over worker ID 0: mark of worker ID 0 is unreadable"
+    s.broken.clear()
+    assert s.claim(None, "h", 100, 10).worker_id == 0
+    assert s.passed_over == {}
+
+
+def test_node_key_is_a_safe_stable_file_name_per_bind_endpoint():
+    import hashlib
+
+    from snowfence.workers.lease import node_key
+
+    bind = "tcp://127.0.0.1:5555"
+    assert node_key(bind) == "tcp-127.0.0.1-5555-" + hashlib.sha256(bind.encode()).hexdigest()[:8]
+    long = "ipc:///" + "a" * 100
+    assert node_key(long) == "ipc-" + "a" * 44 + "-" + hashlib.sha256(long.encode()).hexdigest()[:8]
+    assert node_key("tcp://[::1]:1") != node_key("tcp://[::2]:1")
+    assert node_key("ipc:///run/Node-X").startswith("ipc-run-Node-X-")  # letters of either case kept
+
+
+@pytest.mark.parametrize(
+    "text, entries",
+    [
+        ("3\n", [(3, None)]),
+        ("3 7\n", [(3, 7)]),
+        ("3 0\n", [(3, 0)]),
+        ("3 7\n\n4 2\n", [(3, 7), (4, 2)]),  # a blank line is skipped, not the end
+        ("3 7 9\n", None),
+        ("-1\n", None),
+        ("3 -1\n", None),
+        ("x\n", None),
+        ("\n", None),
+        ("", None),
+    ],
+)
+def test_preference_file_lines_are_a_worker_id_and_an_optional_token(text, entries):
+    if entries is None:
+        with pytest.raises(ValueError):
+            PreferenceFile.parse(text)
+    else:
+        assert PreferenceFile.parse(text) == entries
+
+
+def test_preference_file_keeps_the_highest_token_per_worker_id(tmp_path):
+    pref = PreferenceFile(tmp_path, "ns", "slot-0")
+    pref.write(3, 7)
+    pref.write(4, 2)
+    pref.write(3, 5)  # a lower token does not lower the record
+    assert PreferenceFile.parse(pref.path.read_text()) == [(3, 7), (4, 2)]
+    assert pref.read() == 3
+
+
+def test_recorded_tokens_are_the_highest_of_every_slot_of_every_node(tmp_path):
+    base = tmp_path / "last-worker-id" / "ns"
+    for rel, text in [
+        ("a/slot-0", "3 7\n4 2\n"),
+        ("a/slot-1", "not a preference\n"),  # unreadable files are skipped, not the end
+        ("b/slot-0", "3 9\n4 0\n5\n"),
+        ("b/slot-1", "4 1\n"),
+        ("b/slot-2.tmp", "3 99\n"),  # half-written, not a record
+    ]:
+        (base / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / rel).write_text(text)
+    assert PreferenceFile.recorded_tokens(tmp_path, "ns") == {3: 9, 4: 2}
+    assert PreferenceFile.recorded_tokens(tmp_path, "other") == {}
