@@ -388,3 +388,20 @@ def test_a_wss_endpoint_needs_host_and_port_too():
 def test_a_bad_port_to_connect_to_is_not_offered_the_bind_wildcard():
     assert p.endpoint_problem("tcp://127.0.0.1:x").endswith(": the port must be a number 0..65535")
     assert p.endpoint_problem("tcp://127.0.0.1:x", bind=True).endswith(": the port must be a number 0..65535 or *")
+
+
+def test_nodes_request_and_reply_round_trip():
+    body = p.encode_nodes(12)
+    assert body == bytes([1, p.NODES, 0, 0]) + (12).to_bytes(8, "big")
+    assert p.decode_request(body) == p.Request(p.NODES, 12)
+    listing = {"cluster": "c", "nodes": [{"node": "n0", "endpoints": ["tcp://127.0.0.1:5555"]}]}
+    reply = p.encode_nodes_reply(12, listing)
+    assert reply[:12] == bytes([1, p.NODES_REPLY, 0, 0]) + (12).to_bytes(8, "big")
+    r = p.decode_reply(reply)
+    assert (r.type, r.request_id, r.nodes) == (p.NODES_REPLY, 12, listing)
+
+
+@pytest.mark.parametrize("payload", [b"{", b"[]", b'{"nodes": {}}', b'{"cluster": "c"}', b"null"])
+def test_a_nodes_reply_without_a_list_of_nodes_is_refused(payload):
+    with pytest.raises(BadRequest):
+        p.decode_reply(p.HEADER.pack(1, p.NODES_REPLY, 0, 3) + payload)
