@@ -185,6 +185,7 @@ def test_node_key_is_a_safe_stable_file_name_per_bind_endpoint():
     assert node_key(long) == "ipc-" + "a" * 44 + "-" + hashlib.sha256(long.encode()).hexdigest()[:8]
     assert node_key("tcp://[::1]:1") != node_key("tcp://[::2]:1")
     assert node_key("ipc:///run/Node-X").startswith("ipc-run-Node-X-")  # letters of either case kept
+    assert node_key("ipc:///run/s/") == "ipc-run-s-" + hashlib.sha256(b"ipc:///run/s/").hexdigest()[:8]
 
 
 @pytest.mark.parametrize(
@@ -232,3 +233,15 @@ def test_recorded_tokens_are_the_highest_of_every_slot_of_every_node(tmp_path):
         (base / rel).write_text(text)
     assert PreferenceFile.recorded_tokens(tmp_path, "ns") == {3: 9, 4: 2}
     assert PreferenceFile.recorded_tokens(tmp_path, "other") == {}
+
+
+def test_an_unreadable_preference_file_is_skipped_wherever_it_comes(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    base = tmp_path / "last-worker-id" / "ns"
+    (base / "a").mkdir(parents=True)
+    (base / "a" / "slot-0").write_text("garbage\n")
+    (base / "a" / "slot-1").write_text("3 7\n")
+    listed = [base / "a" / "slot-0", base / "a" / "slot-1"]  # the unreadable one first
+    monkeypatch.setattr(Path, "rglob", lambda self, pattern: iter(listed))
+    assert PreferenceFile.recorded_tokens(tmp_path, "ns") == {3: 7}
