@@ -224,7 +224,11 @@ def run(spec: BenchSpec, progress=None) -> dict:
         status = client.status()
         serving = []
         if spec.discover:
-            serving = [n for n in client.nodes()["nodes"] if n.get("in_rotation") and n.get("endpoints")]
+            try:
+                serving = [n for n in client.nodes()["nodes"] if n.get("in_rotation") and n.get("endpoints")]
+            except SnowfenceError:
+                pass  # a server that does not answer NODES (another release, a relay): the endpoints given
+
     spec.layout = status["layout"]
     worker_ids = sum(1 for w in status["workers"] if w.get("in_rotation"))
     if len(serving) > 1:

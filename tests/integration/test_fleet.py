@@ -6,12 +6,14 @@ a --peers list."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from nodes import FAST_LEASES, etcd_args, wait_for
 from test_operations import get, health, metric
@@ -299,3 +301,21 @@ def test_a_malformed_membership_entry_in_etcd_changes_nothing(nodes, etcd):
         listed = {n["node"] for n in c.nodes()["nodes"]}
     assert a.endpoint in listed and "bad3" not in listed
     assert a.proc.poll() is None and "Traceback" not in a.log()
+
+
+def test_bench_against_a_server_that_does_not_answer_nodes_uses_the_endpoints_given(tmp_path):
+    relay_script = Path(__file__).resolve().parents[2] / "benchmarks" / "relay.py"
+    endpoint = f"ipc://{tmp_path}/relay.sock"
+    relay = subprocess.Popen([sys.executable, str(relay_script), "--bind", endpoint, "--workers", "1"],
+                             start_new_session=True)  # fmt: skip
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "snowfence", "bench", "--connect", endpoint, "--duration", "0.5", "--warmup",
+             "0.1", "--batch", "4096", "--clients", "1", "--depth", "2", "--json"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.killpg(relay.pid, signal.SIGKILL)
+        relay.wait(10)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["ids_per_s"] > 0
