@@ -216,9 +216,9 @@ def _under(path: str, roots: list[str]) -> bool:
 
 
 class Check:
-    def __init__(self, basetemp: str | None) -> None:
+    def __init__(self, config=None) -> None:
         self.me = os.getpid()
-        self.basetemp = basetemp
+        self.config = config
         fd, self.registry = tempfile.mkstemp(prefix="leftovers-", suffix=".jsonl")
         os.close(fd)
         self.previous_env = os.environ.get(REGISTRY_ENV)
@@ -289,8 +289,10 @@ class Check:
             if e["kind"] == "dir" and os.path.lexists(e["path"]):
                 found.append((f"{e['what']} {e['path']}", ("dir", e["path"])))
         roots_of_mounts = [e["path"] for e in entries if e["kind"] == "mount"]
-        if self.basetemp:
-            roots_of_mounts.append(self.basetemp)
+        # This run's temp dir, if it made one (pytest makes it when a test first asks).
+        basetemp = getattr(getattr(self.config, "_tmp_path_factory", None), "_basetemp", None)
+        if basetemp is not None:
+            roots_of_mounts.append(str(basetemp))
         for mid, point in sorted(_mounts().items()):
             if mid not in self.mounts_before and _under(point, roots_of_mounts):
                 found.append((f"mount on {point}", ("mount", point)))
@@ -358,11 +360,7 @@ _found: list[tuple[str, object]] = []
 
 def pytest_sessionstart(session) -> None:
     global _check
-    basetemp = None
-    factory = getattr(session.config, "_tmp_path_factory", None)
-    if factory is not None:
-        basetemp = str(factory.getbasetemp())
-    _check = Check(basetemp)
+    _check = Check(session.config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest removes the temp dirs of a passing run
