@@ -218,10 +218,22 @@ class Layout:
 
     @classmethod
     def from_dict(cls, data: dict) -> Layout:
+        """The layout a store recorded with :meth:`to_dict`.
+
+        Every field must be there: a record that leaves one out does not say which
+        layout its IDs were minted with, and guessing the default could let two
+        layouts' IDs collide. Only ``shard_bits`` may be missing, from records
+        written before layouts had shard bits, when there were none.
+        """
+        if not isinstance(data, dict):
+            raise ConfigError(f"a layout is a JSON object, not {type(data).__name__}")
         fields = ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
         unknown = set(data) - set(fields)
         if unknown:
             raise ConfigError(f"unknown layout fields: {', '.join(sorted(unknown))}")
+        missing = [k for k in fields[:-1] if k not in data]
+        if missing:
+            raise ConfigError(f"layout fields missing: {', '.join(missing)}")
         return cls(**{k: data[k] for k in fields if k in data})
 
     def describe(self) -> str:

@@ -198,6 +198,17 @@ def test_a_foreign_layout_is_refused(nodes, etcd):
     d.wait_ready()
 
 
+@pytest.mark.parametrize("recorded", ["{}", '{"epoch_ms": 1767225600000}', "[]"])
+def test_a_recorded_layout_that_leaves_fields_out_is_refused_not_read_as_the_default(nodes, etcd, recorded):
+    key = "/snowfence/partial/layout"
+    assert etcd.ctl("put", key, recorded).returncode == 0
+    node = nodes.start("p", workers=1, args=etcd_args(etcd, "partial"))
+    assert node.proc.wait(20) == 78
+    assert "the layout recorded for cluster 'partial' is unreadable" in node.log()
+    assert "Traceback" not in node.log()
+    assert etcd.get_prefix(key) == {key: recorded}  # changed nothing
+
+
 def test_exhausted_worker_ids_give_a_clear_error_and_back_off(nodes, etcd):
     a = nodes.start("a", workers=2, args=etcd_args(etcd, "test", *TWO_IDS))
     a.wait_ready()

@@ -143,6 +143,15 @@ def test_shard_prefixed_layout_round_trips_and_stays_time_ordered_within_a_shard
     assert "2 shard" in L.describe()
 
 
+@pytest.mark.parametrize(
+    "data",
+    [{}, [], "", {"epoch_ms": DEFAULT_EPOCH_MS}, {k: v for k, v in DEFAULT_LAYOUT.to_dict().items() if k != "worker_bits"}],
+)
+def test_a_recorded_layout_must_say_every_field_not_fall_back_to_defaults(data):
+    with pytest.raises(ConfigError, match="layout"):
+        Layout.from_dict(data)
+
+
 def test_a_layout_recorded_before_shards_existed_still_matches():
     old = {"epoch_ms": DEFAULT_EPOCH_MS, "time_bits": 41, "region_bits": 3, "worker_bits": 7, "sequence_bits": 12}
     assert Layout.from_dict(old) == DEFAULT_LAYOUT
