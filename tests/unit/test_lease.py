@@ -195,20 +195,21 @@ def test_node_key_is_a_safe_stable_file_name_per_bind_endpoint():
         ("3 7\n", [(3, 7)]),
         ("3 0\n", [(3, 0)]),
         ("3 7\n\n4 2\n", [(3, 7), (4, 2)]),  # a blank line is skipped, not the end
-        ("3 7 9\n", None),
-        ("-1\n", None),
-        ("3 -1\n", None),
-        ("x\n", None),
-        ("\n", None),
-        ("", None),
+        ("3 7 9\n", []),
+        ("-1\n", []),
+        ("3 -1\n", []),
+        ("x\n", []),
+        ("\n", []),
+        ("", []),
+        # A line that does not read is left out, and the lines after it still count.
+        ("3 7\nx\n4 2\n", [(3, 7), (4, 2)]),
+        ("3 7\n-1 5\n4 2\n", [(3, 7), (4, 2)]),
+        ("3 7\n5 -2\n4 2\n", [(3, 7), (4, 2)]),
+        ("3 7\n1 2 3\n4 2\n", [(3, 7), (4, 2)]),
     ],
 )
 def test_preference_file_lines_are_a_worker_id_and_an_optional_token(text, entries):
-    if entries is None:
-        with pytest.raises(ValueError):
-            PreferenceFile.parse(text)
-    else:
-        assert PreferenceFile.parse(text) == entries
+    assert PreferenceFile.parse(text) == entries
 
 
 def test_preference_file_keeps_the_highest_token_per_worker_id(tmp_path):

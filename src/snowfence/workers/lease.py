@@ -178,7 +178,8 @@ class PreferenceFile:
     def parse(text: str) -> list[tuple[int, int | None]]:
         """``[(worker_id, token), ...]``, the last claim first; a token is None in
         files that predate tokens. A line that does not read is left out, not the
-        file: the tokens on the other lines still guard against a rolled-back mark."""
+        file: the tokens on the other lines still guard against a rolled-back mark.
+        Nothing that reads gives ``[]``: no preference, no recorded token."""
         out = []
         for line in text.splitlines():
             parts = line.split()
@@ -192,14 +193,12 @@ class PreferenceFile:
             if worker_id < 0 or (token is not None and token < 0):
                 continue
             out.append((worker_id, token))
-        if not out:
-            raise ValueError("no line reads as 'WORKER_ID [TOKEN]'")
         return out
 
     def _entries(self) -> list[tuple[int, int | None]]:
         try:
             return self.parse(self.path.read_text())
-        except (OSError, ValueError, UnicodeDecodeError):
+        except (OSError, UnicodeDecodeError):
             return []
 
     def read(self) -> int | None:
@@ -235,7 +234,7 @@ class PreferenceFile:
         for path in files:
             try:
                 entries = PreferenceFile.parse(path.read_text())
-            except (OSError, ValueError, UnicodeDecodeError):
+            except (OSError, UnicodeDecodeError):
                 continue
             for worker_id, token in entries:
                 if token is not None and token > out.get(worker_id, -1):
