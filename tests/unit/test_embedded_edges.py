@@ -87,6 +87,13 @@ def test_lock_mark_and_layout_files_are_readable_by_all_and_writable_by_the_owne
         assert os.stat(path).st_mode & 0o777 == 0o644, path
 
 
+def test_a_lock_is_not_inherited_by_programs_a_worker_runs(tmp_path):
+    import fcntl
+
+    lease = store(tmp_path).try_claim(0, HOLDER, None)
+    assert fcntl.fcntl(lease._fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+
+
 def test_the_layout_file_is_indented_for_the_operator_who_reads_it(tmp_path):
     store(tmp_path)
     assert (tmp_path / "layout.json").read_bytes() == orjson.dumps(DEFAULT_LAYOUT.to_dict(), option=orjson.OPT_INDENT_2)
@@ -404,6 +411,15 @@ def test_a_recorded_token_guards_only_its_own_worker_id(tmp_path):
     )
     lease = s.try_claim(3, HOLDER, None)  # never used: fresh, whatever worker ID 0 recorded
     assert lease is not None and lease.token == 1
+
+
+def test_a_region_directory_gone_before_the_lock_file_is_made_is_a_state_dir_error(tmp_path, monkeypatch):
+    s = store(tmp_path)
+    lock = region(tmp_path) / "worker-0.lock"
+    fail_for(monkeypatch, "open", lock, FileNotFoundError(errno.ENOENT, "No such file or directory"))
+    with pytest.raises(StateDirError) as info:
+        s.try_claim(0, HOLDER, None)
+    assert str(info.value) == f"cannot create lock file {lock}: its directory is gone"
 
 
 def test_a_fresh_claim_whose_mark_cannot_be_written_names_the_mark_file(tmp_path, monkeypatch):
