@@ -242,7 +242,9 @@ def test_an_unreadable_preference_file_is_skipped_wherever_it_comes(tmp_path, mo
     base = tmp_path / "last-worker-id" / "ns"
     (base / "a").mkdir(parents=True)
     (base / "a" / "slot-0").write_text("garbage\n")
-    (base / "a" / "slot-1").write_text("3 7\n")
-    listed = [base / "a" / "slot-0", base / "a" / "slot-1"]  # the unreadable one first
+    (base / "a" / "slot-1").write_bytes(b"\xff\xfe 3 8\n")  # not UTF-8
+    (base / "a" / "slot-2").mkdir()  # not a file
+    (base / "a" / "slot-3").write_text("3 7\n")
+    listed = [base / "a" / f"slot-{n}" for n in range(4)]  # the unreadable ones first
     monkeypatch.setattr(Path, "rglob", lambda self, pattern: iter(listed))
     assert PreferenceFile.recorded_tokens(tmp_path, "ns") == {3: 7}
