@@ -241,6 +241,18 @@ def test_a_state_dir_on_nfs_is_refused_unless_allowed(nodes, fsshim):
     assert "unsafe_filesystem_allowed" in allowed.log()
 
 
+def test_a_layout_file_that_leaves_fields_out_stops_the_node_and_changes_nothing(nodes, tmp_path):
+    state = tmp_path / "partial-layout"
+    state.mkdir()
+    (state / "layout.json").write_text('{"epoch_ms": 1767225600000}')
+    node = nodes.start("partial", workers=1, state_dir=state)
+    assert node.proc.wait(15) == 73
+    log = node.log()
+    assert "layout.json is unreadable: layout fields missing: time_bits" in log, node.log_tail()
+    assert "Traceback" not in log
+    assert (state / "layout.json").read_text() == '{"epoch_ms": 1767225600000}'
+
+
 # -- the disk itself fails ------------------------------------------------------------------------
 
 needs_root = pytest.mark.skipif(not is_root(), reason="mounting a tmpfs needs root (CI runs as root)")
