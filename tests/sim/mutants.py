@@ -250,7 +250,11 @@ def apply(mutant: Mutant) -> None:
         )
         namespace: dict = {}
         exec(code, module.__dict__, namespace)
-        replacements.append((holder, name, namespace[name], new_src))
+        new_fn = namespace[name]
+        if getattr(fn, "__wrapped__", None) is not None:
+            # Wrapped after its body (workers/etcd.py's `name = _etcd_call(name)`): so is the mutant.
+            new_fn = module._etcd_call(new_fn)
+        replacements.append((holder, name, new_fn, new_src))
     for holder, name, new_fn, new_src in replacements:
         sim.SOURCES[new_fn] = new_src
         setattr(holder, name, new_fn)

@@ -41,9 +41,9 @@ import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -67,7 +67,12 @@ from snowfence.workers import states as states_mod
 from snowfence.workers.minter import Minter
 from snowfence.workers.states import READY, State
 
-NS = 1_000_000_000
+# The simulated etcd server, shared with the unit tests (run.py runs this file without pytest's path).
+_HARNESS = str(Path(__file__).resolve().parent.parent / "harness")
+if _HARNESS not in sys.path:
+    sys.path.insert(0, _HARNESS)
+from fake_etcd import NS, EtcdServer, RpcError  # noqa: E402
+
 MS = 1_000_000
 
 
@@ -282,196 +287,6 @@ class Proc:
 
 
 # -- the simulated etcd ---------------------------------------------------------------------
-
-
-class RpcError(Exception):
-    """What the client library raises for a failed call (its gRPC errors)."""
-
-
-@dataclass
-class KV:
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    version: int
-    lease: int
-
-
-class Meta:
-    """The client library's KVMetadata."""
-
-    __slots__ = ("key", "create_revision", "mod_revision", "version", "lease_id")
-
-    def __init__(self, key: str, kv: KV) -> None:
-        self.key = key.encode()
-        self.create_revision = kv.create_revision
-        self.mod_revision = kv.mod_revision
-        self.version = kv.version
-        self.lease_id = kv.lease
-
-
-def _compare_target(compare, kv: KV | None):
-    from pyetcd import transactions as tx
-
-    if isinstance(compare, tx.Create):
-        return kv.create_revision if kv else 0
-    if isinstance(compare, tx.Mod):
-        return kv.mod_revision if kv else 0
-    if isinstance(compare, tx.Version):
-        return kv.version if kv else 0
-    if isinstance(compare, tx.Value):
-        return kv.value if kv else None
-    raise RpcError(f"unsupported compare {compare!r}")
-
-
-class EtcdServer:
-    """One etcd cluster's state, linearizable: revisions, create_revision, leases on true time."""
-
-    MEMBERS = 3
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.rev = 1
-        self.kv: dict[str, KV] = {}
-        #: lease id -> [granted ttl s, expiry (true ns), keys]
-        self.leases: dict[int, list] = {}
-        self.next_lease = 0x7A00_0000 + world.rng.randrange(1 << 16)
-        self.down: set[int] = set()
-        self.leader = 0
-
-    # -- leases on simulated time
-    def expire(self) -> None:
-        now = self.world.T
-        dead = [lid for lid, v in self.leases.items() if v[1] <= now]
-        for lid in dead:
-            self._drop_lease(lid)
-
-    def _drop_lease(self, lid: int) -> None:
-        _, _, keys = self.leases.pop(lid)
-        deleted = False
-        for key in sorted(keys):
-            kv = self.kv.get(key)
-            if kv is not None and kv.lease == lid:
-                if not deleted:
-                    self.rev += 1
-                    deleted = True
-                del self.kv[key]
-                self.world.marks_dirty = True
-
-    def member_down(self, m: int) -> None:
-        self.down.add(m)
-        if m == self.leader:
-            up = [i for i in range(self.MEMBERS) if i not in self.down]
-            if up:
-                self._elect(up[0])
-
-    def member_up(self, m: int) -> None:
-        self.down.discard(m)
-        if self.leader in self.down:
-            self._elect(m)
-
-    def _elect(self, m: int) -> None:
-        # A new leader renews every lease to its full TTL (etcd's lease extension on election).
-        self.expire()
-        self.leader = m
-        for v in self.leases.values():
-            v[1] = max(v[1], self.world.T + v[0] * NS)
-
-    def has_quorum(self) -> bool:
-        return len(self.down) * 2 < self.MEMBERS
-
-    # -- the API
-    def grant(self, ttl: int):
-        self.expire()
-        self.next_lease += 1 + self.world.rng.randrange(7)
-        lid = self.next_lease
-        self.leases[lid] = [ttl, self.world.T + ttl * NS, set()]
-        return SimpleNamespace(id=lid, ttl=ttl)
-
-    def keepalive(self, lid: int):
-        self.expire()
-        lease = self.leases.get(lid)
-        if lease is None:
-            return SimpleNamespace(ID=lid, TTL=0)
-        lease[1] = self.world.T + lease[0] * NS
-        return SimpleNamespace(ID=lid, TTL=lease[0])
-
-    def revoke(self, lid: int) -> None:
-        self.expire()
-        if lid not in self.leases:
-            raise RpcError("NOT_FOUND: etcdserver: requested lease not found")
-        self._drop_lease(lid)
-
-    def get_prefix(self, prefix: str, keys_only: bool = False):
-        self.expire()
-        return [
-            (b"" if keys_only else kv.value, Meta(k, kv)) for k, kv in sorted(self.kv.items()) if k.startswith(prefix)
-        ]
-
-    def txn(self, compare, success, failure):
-        from pyetcd import transactions as tx
-
-        self.expire()
-        ok = True
-        for c in compare:
-            have = _compare_target(c, self.kv.get(c.key))
-            want = c.value
-            if c.op == tx.etcdrpc.Compare.EQUAL:
-                hold = have == want
-            elif c.op == tx.etcdrpc.Compare.NOT_EQUAL:
-                hold = have != want
-            elif c.op == tx.etcdrpc.Compare.LESS:
-                hold = have < want
-            elif c.op == tx.etcdrpc.Compare.GREATER:
-                hold = have > want
-            else:
-                raise RpcError("INVALID_ARGUMENT: compare without an operator")
-            if not hold:
-                ok = False
-                break
-        ops = success if ok else failure
-        for op in ops:
-            if isinstance(op, tx.Put) and op.lease and op.lease not in self.leases:
-                raise RpcError("NOT_FOUND: etcdserver: requested lease not found")
-        writes = any(isinstance(op, (tx.Put, tx.Delete)) for op in ops)
-        rev = self.rev + 1 if writes else self.rev
-        responses = []
-        for op in ops:
-            if isinstance(op, tx.Put):
-                old = self.kv.get(op.key)
-                if old is not None and old.lease in self.leases:
-                    self.leases[old.lease][2].discard(op.key)
-                value = op.value if isinstance(op.value, bytes) else str(op.value).encode()
-                self.kv[op.key] = KV(
-                    value, old.create_revision if old else rev, rev, (old.version if old else 0) + 1, op.lease or 0
-                )
-                if op.lease:
-                    self.leases[op.lease][2].add(op.key)
-                responses.append(SimpleNamespace(kind="put"))
-                self.world.marks_dirty = True
-            elif isinstance(op, tx.Delete):
-                self.kv.pop(op.key, None)
-                responses.append(SimpleNamespace(kind="delete"))
-                self.world.marks_dirty = True
-            elif isinstance(op, tx.Get):
-                kv = self.kv.get(op.key)
-                responses.append([] if kv is None else [(kv.value, Meta(op.key, kv))])
-            else:
-                raise RpcError(f"unsupported operation {op!r}")
-        self.rev = rev
-        return ok, responses
-
-    def delete_key(self, key: str) -> bool:
-        """An operator's ``etcdctl del``: the key goes, whoever held it."""
-        self.expire()
-        kv = self.kv.pop(key, None)
-        if kv is None:
-            return False
-        if kv.lease in self.leases:
-            self.leases[kv.lease][2].discard(key)
-        self.rev += 1
-        self.world.marks_dirty = True
-        return True
 
 
 class FakeClient:
