@@ -312,7 +312,10 @@ class EtcdStore(Store):
             log.info("recorded layout for cluster %s: %s", self.config.cluster, layout.describe())
             return
         try:
-            recorded = Layout.from_dict(orjson.loads(responses[0][0][0]))
+            data = orjson.loads(responses[0][0][0])
+            if not isinstance(data, dict):
+                raise TypeError(f"not a JSON object: {data!r}")
+            recorded = Layout.from_dict(data)
         except (IndexError, orjson.JSONDecodeError, TypeError, ValueError, SnowfenceError) as exc:
             raise LayoutMismatch(
                 f"the layout recorded for cluster {self.config.cluster!r} is unreadable: {exc}"
@@ -518,6 +521,10 @@ class EtcdStore(Store):
 
 def _parse_endpoint(url: str) -> tuple[str, int, bool]:
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+    try:
+        port = parts.port  # ValueError: not a number, or out of range
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port:
         raise ConfigError(f"etcd endpoint {url!r} must look like http://host:port or https://host:port")
-    return parts.hostname, parts.port, parts.scheme == "https"
+    return parts.hostname, port, parts.scheme == "https"
