@@ -2,9 +2,12 @@
 
 One script of claims, extensions, a claim deleted underneath its owner and
 claimed anew, releases and a lease left to lapse is run by the real
-``EtcdStore``/``EtcdLease`` twice: against a real etcd member and against the
-simulated one (``tests/sim/sim.py``). What the store code sees (worker IDs,
-marks, which calls raise what, whether fencing tokens grew) must be the same.
+``EtcdStore``/``EtcdLease`` three times: against a real etcd member, against
+the simulated one through the simulator's client (``tests/sim/sim.py``), and
+through the unit tests' direct client (``tests/harness/fake_etcd.py``). What
+the store code sees (worker IDs, marks, which calls raise what, whether fencing
+tokens grew) must be the same. The real member and the direct client also run
+the cluster's census and its membership calls.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import orjson
 from etcdharness import EtcdCluster
+from fake_etcd import DirectClient, EtcdServer, ServerTime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -68,6 +72,33 @@ def script(stores, mark_of, delete_claim, lapse) -> list:
     return seen
 
 
+def membership(store) -> list:
+    """The census after the script, and a node's entry, its lease and region records."""
+    seen = [
+        (
+            e["region"],
+            e["worker_id"],
+            e["state"],
+            e["mark_ms"],
+            e.get("holder"),
+            e.get("last_holder"),
+            e.get("lease_remaining_s") is not None,
+            e.get("renewed_ago_s") is not None,
+        )
+        for e in store.census()
+    ]
+    lease = store.grant_lease(TTL_S)
+    store.put_node("tcp://n:1/a b", {"node": "tcp://n:1/a b", "endpoints": ["tcp://n:1"]}, lease)
+    seen.append(("nodes", store.nodes(), store.refresh_lease(lease)))
+    store.record_region(1, "first")
+    store.record_region(1, "second")
+    store.record_region(3, "other")
+    seen.append(("regions", store.regions()))
+    store.remove_node("tcp://n:1/a b", lease)
+    seen.append(("nodes after removal", store.nodes(), store.refresh_lease(lease)))
+    return seen
+
+
 def config(endpoints) -> Config:
     return Config(
         etcd=tuple(endpoints),
@@ -101,6 +132,8 @@ def test_the_simulated_etcd_answers_as_a_real_one(tmp_path):
             lambda wid: stores[0].client.delete(f"{prefix}workers/1/{wid}"),
             lambda: time.sleep(TTL_S + 1.5),
         )
+        real_membership = membership(stores[0])
+        regions_recorded = orjson.loads(stores[0].client.get(f"{prefix}regions/1")[0])
         for s in stores:
             s.close()
     finally:
@@ -127,6 +160,32 @@ def test_the_simulated_etcd_answers_as_a_real_one(tmp_path):
         lambda: world.run_until(world.T + (TTL_S + 1) * sim.NS),
     )
     assert simulated == real
+
+    now = [0]
+    server = EtcdServer(ServerTime(lambda: now[0], seed=7))
+    stores = []
+    for _ in range(3):
+        store = EtcdStore(cfg)
+        store._build_client = lambda: DirectClient(server)
+        stores.append(store)
+
+    def lapse():
+        now[0] += (TTL_S + 1) * sim.NS
+
+    direct = script(
+        stores,
+        lambda wid: orjson.loads(server.kv[f"/snowfence/fake-check/marks/1/{wid}"].value)["reserved_until_ms"],
+        lambda wid: server.delete_key(f"/snowfence/fake-check/workers/1/{wid}"),
+        lapse,
+    )
+    assert direct == real
+    assert membership(stores[0]) == real_membership
+    recorded = orjson.loads(server.kv["/snowfence/fake-check/regions/1"].value)
+    assert recorded == regions_recorded == {"first_node": "first"}
+    # The census saw held and retired worker IDs; the node's entry went with its removal.
+    states = {entry[2] for entry in real_membership if isinstance(entry[0], int)}
+    assert states == {"held", "retired"}
+    assert real_membership[-1] == ("nodes after removal", [], False)
     # The script reached what it is about: a refused extension, a lapsed lease.
     assert ("a extend after losing it", "LeaseLost") in real
     assert ("b refresh after its lease lapsed", "LeaseLost") in real
