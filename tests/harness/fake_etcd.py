@@ -236,7 +236,9 @@ class ServerTime:
 class DirectClient:
     """The surface of pyetcd's MultiEndpointEtcd3Client that workers/etcd.py uses, onto a server.
 
-    No network and no time passing. ``calls`` records ``(member, call)`` of every
+    No network and no time passing, but every request is first built by the
+    library itself (its protobuf messages), so what it would refuse (a key that
+    is None, operations that are not a list) is refused here too. ``calls`` records ``(member, call)`` of every
     call, the member being the one ``_current_endpoint_label`` names. ``fail``
     makes the next call (of one kind, with ``on``) raise: before it reaches the
     server, or (``after=True``) after the server applied it, as when a reply is
@@ -244,14 +246,19 @@ class DirectClient:
     """
 
     def __init__(self, server: EtcdServer, labels: tuple[str, ...] = ("127.0.0.1:2379",)) -> None:
-        from pyetcd.client import Transactions
+        from pyetcd.client import MultiEndpointEtcd3Client, Transactions
 
+        #: The library's client, never connected: only its request builders are used.
+        self._library = object.__new__(MultiEndpointEtcd3Client)
         self.server = server
         self.transactions = Transactions()
         self.endpoints = {label: SimpleNamespace(last_failed=0) for label in labels}
         self._current_endpoint_label = labels[0]
         self.calls: list[tuple[str, str]] = []
         self.closed = False
+        #: Called with the call's kind just before it reaches the server: another
+        #: client's calls made there land between this one's.
+        self.before: Callable[[str], None] | None = None
         #: (call kind or None for any, the error, raised after applying it)
         self._faults: list[tuple[str | None, Exception, bool]] = []
 
@@ -262,6 +269,8 @@ class DirectClient:
         if self.closed:
             raise ValueError("Cannot invoke RPC on closed channel!")  # what grpc says
         self.calls.append((self._current_endpoint_label, what))
+        if self.before is not None:
+            self.before(what)
         fault = next((f for f in self._faults if f[0] in (None, what)), None)
         if fault is not None:
             self._faults.remove(fault)
@@ -273,7 +282,11 @@ class DirectClient:
         return result
 
     def transaction(self, compare, success=None, failure=None):
-        return self._call("txn", lambda: self.server.txn(compare, success or [], failure or []))
+        for c in compare:
+            c.build_message()
+        self._library._ops_to_requests(success)
+        self._library._ops_to_requests(failure)
+        return self._call("txn", lambda: self.server.txn(compare, success, failure))
 
     def lease(self, ttl, lease_id=None):
         return self._call("lease_grant", lambda: self.server.grant(ttl))
@@ -288,6 +301,7 @@ class DirectClient:
         return self._call("lease_time_to_live", lambda: self.server.lease_info(lease_id))
 
     def get_prefix(self, key_prefix, keys_only=False, **kwargs):
+        self._library._build_get_range_request(key_prefix)
         return self._call("range", lambda: self.server.get_prefix(key_prefix, keys_only))
 
     def get(self, key, **kwargs):
@@ -298,10 +312,12 @@ class DirectClient:
         return None, None
 
     def put(self, key, value, lease=None, prev_kv=False):
+        self._library._build_put_request(key, value, lease, prev_kv)
         tx = self.transactions
         return self._call("put", lambda: self.server.txn([], [tx.put(key, value, lease)], []))
 
     def delete(self, key, prev_kv=False, return_response=False):
+        self._library._build_delete_request(key)
         return self._call("delete_range", lambda: self.server.delete_key(key))
 
     def close(self):

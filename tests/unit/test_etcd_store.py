@@ -142,6 +142,20 @@ def test_without_a_preference_the_lowest_free_worker_id_is_taken_and_claims_are_
     assert claim(b, preferred=1).worker_id == 3  # the preferred one is taken: the free one
 
 
+def test_a_worker_id_claimed_by_another_node_since_it_was_seen_free_is_not_claimed_twice(etcd):
+    mine, theirs = etcd.store(), etcd.store()
+    raced = []
+
+    def other_node_claims_first(what):
+        if what == "txn" and not raced:  # after this node listed the free worker IDs
+            raced.append(claim(theirs, preferred=0, holder="theirs"))
+
+    mine.client.before = other_node_claims_first
+    lease = claim(mine, preferred=0, holder="mine")
+    assert raced[0].worker_id == 0 and lease.worker_id == 1
+    assert etcd.json("workers/1/0") == {"holder": "theirs"} and etcd.json("workers/1/1") == {"holder": "mine"}
+
+
 def test_the_token_grows_each_time_a_worker_id_is_claimed_again(etcd):
     store = etcd.store()
     tokens = []
@@ -359,6 +373,17 @@ def test_release_happens_once_even_when_etcd_fails(etcd):
     assert etcd.mark(0) == NOW_MS + 100  # the failed release left the mark as it was
 
 
+def test_release_frees_the_worker_id_and_lowers_the_mark_even_if_the_lease_cannot_be_revoked(etcd):
+    store = etcd.store()
+    lease = claim(store)
+    lease.extend(NOW_MS + 100)
+    store.client.fail(RpcError("UNAVAILABLE"), on="lease_revoke")
+    with pytest.raises(EtcdUnavailable):
+        lease.release(NOW_MS + 10)
+    assert etcd.claimed() == set() and etcd.mark(0) == NOW_MS + 10 and lease.released
+    assert lease.lease_id in etcd.server.leases  # it lapses on its own
+
+
 def test_abandon_writes_nothing_and_the_worker_id_frees_when_the_lease_lapses(etcd):
     store = etcd.store()
     with claim(store) as lease:
@@ -403,9 +428,31 @@ def test_a_lease_that_lapsed_is_lost_on_refresh(etcd):
 def test_a_keepalive_stream_that_ends_without_an_answer_is_a_lost_lease(etcd):
     store = etcd.store()
     lease = claim(store)
+    node_lease = store.grant_lease(TTL_S)
     store.client.refresh_lease = lambda lease_id: iter(())
     with pytest.raises(LeaseLost):
         lease.refresh()
+    assert store.refresh_lease(node_lease) is False
+
+
+def test_a_keepalive_answering_one_second_left_is_alive(etcd):
+    from types import SimpleNamespace
+
+    store = etcd.store()
+    lease = claim(store)
+    node_lease = store.grant_lease(TTL_S)
+    store.client.refresh_lease = lambda lease_id: iter([SimpleNamespace(ID=lease_id, TTL=1)])
+    lease.refresh()
+    assert lease.ttl_s == 1 and lease.remaining_s() == 1
+    assert store.refresh_lease(node_lease) is True
+
+
+def test_the_remaining_ttl_is_given_to_the_millisecond(etcd):
+    lease = claim(etcd.store())
+    etcd.clock.mono_ns_value += 1_234_567
+    assert lease.remaining_s() == 9.999  # 9.998765 s left, rounded
+    etcd.clock.mono_ns_value += 2_000_000_000
+    assert lease.remaining_s() == 7.999
 
 
 def test_the_keeper_renews_an_etcd_lease_persists_ahead_and_stops_on_a_takeover(etcd):
@@ -518,14 +565,44 @@ def test_after_repeated_failures_the_client_is_rebuilt_and_a_success_resets_the_
         store.taken()
     assert first.closed and len(etcd.clients) == 1  # closed now, a new one on the next call
     assert store.taken() == set() and len(etcd.clients) == 2 and store.client is etcd.clients[1]
-    for _ in range(REBUILD_AFTER_FAILURES - 1):  # the new client starts its own count
+
+
+def test_a_rebuilt_client_starts_its_own_count_of_failures(etcd):
+    store = etcd.store()
+    store.client.fail(RpcError("UNAUTHENTICATED"))
+    with pytest.raises(EtcdUnavailable):
+        store.taken()
+    for _ in range(REBUILD_AFTER_FAILURES - 1):
         store.client.fail(RpcError("UNAVAILABLE"))
         with pytest.raises(EtcdUnavailable):
             store.taken()
     assert len(etcd.clients) == 2 and not etcd.clients[1].closed
+    store.client.fail(RpcError("UNAVAILABLE"))
+    with pytest.raises(EtcdUnavailable):
+        store.taken()
+    assert etcd.clients[1].closed
 
 
-@pytest.mark.parametrize("text", ["UNAUTHENTICATED: unknown user", "INVALID_ARGUMENT: etcdserver: invalid auth token"])
+def test_a_client_that_cannot_be_built_is_an_etcd_failure_and_is_tried_again(etcd):
+    store = etcd.store()
+    build = store._build_client
+    attempts = []
+
+    def refused():
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RpcError("UNAVAILABLE: authentication: connection refused")
+        return build()
+
+    store._build_client = refused
+    with pytest.raises(EtcdUnavailable, match="taken failed: RpcError: UNAVAILABLE"):
+        store.taken()
+    assert store.taken() == set() and len(attempts) == 2
+
+
+@pytest.mark.parametrize(
+    "text", ["UNAUTHENTICATED: unknown user", "INVALID_ARGUMENT: etcdserver: invalid auth token", "bad token"]
+)
 def test_an_authentication_error_rebuilds_the_client_at_once(etcd, text):
     store = etcd.store()
     store.taken()
@@ -662,6 +739,14 @@ def test_the_census_shows_a_claim_whose_lease_is_gone_without_its_lease_times(et
     assert by_id[0]["lease_remaining_s"] == -1 and by_id[0]["renewed_ago_s"] is None
 
 
+def test_the_census_counts_a_lease_in_its_last_second_as_renewed_its_whole_ttl_ago(etcd):
+    store = etcd.store()
+    claim(store)
+    etcd.elapse_s(TTL_S - 0.5)
+    (entry,) = store.census()
+    assert (entry["lease_remaining_s"], entry["renewed_ago_s"]) == (0, TTL_S)
+
+
 def test_a_node_entry_lives_under_its_lease_and_goes_with_it(etcd):
     store = etcd.store()
     lease_id = store.grant_lease(4)
@@ -685,6 +770,10 @@ def test_a_node_removed_leaves_at_once_and_its_lease_is_revoked(etcd):
     store.remove_node("a", drop)
     assert [n["node"] for n in store.nodes()] == ["b"] and drop not in etcd.server.leases
     assert keep in etcd.server.leases
+    store.client.fail(RpcError("UNAVAILABLE"), on="lease_revoke")
+    with pytest.raises(EtcdUnavailable):
+        store.remove_node("b", keep)
+    assert store.nodes() == [] and keep in etcd.server.leases  # gone at once; the lease lapses
 
 
 def test_unreadable_node_entries_are_left_out_and_unusable_endpoints_dropped(etcd):
@@ -716,6 +805,7 @@ def test_a_region_is_recorded_once_by_its_first_node_and_regions_are_listed_in_o
     store.record_region(2, "second")
     store.record_region(0, "other")
     etcd.put("regions/junk", {"first_node": "x"})
+    etcd.put("regions/-", {"first_node": "x"})  # listed first
     etcd.put("regions/10", {"first_node": "x"})
     assert etcd.json("regions/2") == {"first_node": "first"}
     assert store.regions() == [0, 2, 10]
@@ -726,6 +816,7 @@ def test_taken_counts_claims_of_this_region_only_and_ignores_stray_keys(etcd):
     here, there = etcd.store(), etcd.store(region=2)
     claim(there, preferred=0)
     etcd.put("workers/1/notanumber", {"holder": "x"})
+    etcd.put("workers/1/!", {"holder": "x"})  # listed first
     etcd.put("workers/1/3", {"holder": "x"})
     assert here.taken() == {3} and there.taken() == {0}
     assert list(here.candidates()) == [0, 1, 2]
