@@ -176,10 +176,19 @@ def refresh_copy(targets: list[str]) -> None:
     verdicts when only the tests changed. So: drop copies of other source files
     that are out of date (mutmut copies them again), and drop the mutated copy
     and the verdicts of each file about to run (mutmut mutates it again).
+    mutmut also keeps which tests reach which function, and measures that again
+    only for tests with new names: a test that changed would not be run against
+    the mutants it now reaches. So when any test changed, drop that record too
+    (mutmut measures it all again, one run of the unit tests).
     """
     copy = ROOT / "mutants"
     if not copy.is_dir():
         return
+    tests = tests_digest()
+    seen = copy / "tests.sha256"
+    if not seen.exists() or seen.read_text() != tests:
+        (copy / "mutmut-stats.json").unlink(missing_ok=True)
+        seen.write_text(tests)
     configured = set(configured_files())
     for source in (ROOT / "src").rglob("*.py"):
         rel = source.relative_to(ROOT).as_posix()
@@ -189,6 +198,15 @@ def refresh_copy(targets: list[str]) -> None:
                 stale.unlink(missing_ok=True)
         elif rel not in configured and copied.exists() and copied.read_bytes() != source.read_bytes():
             copied.unlink()
+
+
+def tests_digest() -> str:
+    """One digest of every file under ``tests/``."""
+    h = hashlib.sha256()
+    for path in sorted((ROOT / "tests").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def run(files: list[str], max_children: int) -> int:

@@ -950,3 +950,31 @@ def test_each_client_starts_with_the_members_in_a_random_order(monkeypatch):
     store = EtcdStore(config(etcd=("http://a:1", "http://b:2", "http://c:3")))
     orders = {tuple(e.args[0] for e in store._build_client().kwargs["endpoints"]) for _ in range(40)}
     assert len(orders) > 1
+
+
+def test_the_census_shows_unreadable_entries_as_such_and_changes_nothing(etcd):
+    store = etcd.store()
+    lease = claim(store, preferred=0, holder="a")
+    lease.extend(NOW_MS)
+    stray = {
+        "marks/1/junk": {"reserved_until_ms": 5},
+        "marks/x/1": {"reserved_until_ms": 5},
+        "marks/2/1": b"{",
+        "marks/2/2": {"reserved_until_ms": "soon"},
+        "marks/2/3": [1, 2],
+        "workers/2/3": b"not json",
+        "workers/2/x": {"holder": "x"},
+    }
+    for key, value in stray.items():
+        etcd.put(key, value)
+    before = {k: v.value for k, v in etcd.server.kv.items()}
+    census = store.census()
+    assert [(e["region"], e["worker_id"], e["state"], e["mark_ms"]) for e in census] == [
+        (1, 0, "held", NOW_MS),
+        (2, 1, "unreadable", None),
+        (2, 2, "unreadable", None),
+        (2, 3, "held", None),
+    ]
+    assert census[-1]["holder"] is None and census[-1]["token"] > 0
+    assert {k: v.value for k, v in etcd.server.kv.items()} == before
+    assert store._failures == 0  # etcd answered
