@@ -416,29 +416,43 @@ class EtcdStore(Store):
 
         A worker ID with a mark but no claim is retired: free to claim, but a new
         owner mints nothing until its clock has passed the mark (the mark makes the
-        old idea of a tombstone quarantine exact).
+        old idea of a tombstone quarantine exact). One whose mark cannot be read is
+        ``unreadable`` (a claim passes it over), or held with no ``mark_ms``; keys
+        that name no region and worker ID are left out.
         """
         client = self.client
         entries: dict[tuple[int, int], dict] = {}
         for value, meta in client.get_prefix(self.prefix + "marks/"):
-            region, worker = map(int, meta.key.decode().rsplit("/", 2)[1:])
-            mark = orjson.loads(value)
-            entries[(region, worker)] = {
-                "region": region,
-                "worker_id": worker,
-                "state": "retired",
-                "mark_ms": mark["reserved_until_ms"],
-                "mark_token": mark.get("token"),
-                "last_holder": mark.get("holder"),
-            }
+            place = _place(meta.key)
+            if place is None:
+                continue
+            region, worker = place
+            try:
+                mark = orjson.loads(value)
+                entry = {
+                    "state": "retired",
+                    "mark_ms": int(mark["reserved_until_ms"]),
+                    "mark_token": mark.get("token"),
+                    "last_holder": mark.get("holder"),
+                }
+            except (KeyError, TypeError, ValueError, AttributeError):  # orjson's errors are ValueErrors
+                entry = {"state": "unreadable", "mark_ms": None}
+            entries[place] = {"region": region, "worker_id": worker, **entry}
         for value, meta in client.get_prefix(self.prefix + "workers/"):
-            region, worker = map(int, meta.key.decode().rsplit("/", 2)[1:])
-            entry = entries.setdefault((region, worker), {"region": region, "worker_id": worker, "mark_ms": None})
+            place = _place(meta.key)
+            if place is None:
+                continue
+            region, worker = place
+            entry = entries.setdefault(place, {"region": region, "worker_id": worker, "mark_ms": None})
+            try:
+                holder = orjson.loads(value).get("holder")
+            except (ValueError, AttributeError):
+                holder = None
             info = client.get_lease_info(meta.lease_id) if meta.lease_id else None
             entry.update(
                 {
                     "state": "held",
-                    "holder": orjson.loads(value).get("holder"),
+                    "holder": holder,
                     "token": meta.create_revision,
                     "lease_id": f"{meta.lease_id:x}",
                     "lease_remaining_s": info.TTL if info is not None else None,
@@ -517,6 +531,15 @@ class EtcdStore(Store):
         return sorted(out)
 
     regions = _etcd_call(regions)
+
+
+def _place(key: bytes) -> tuple[int, int] | None:
+    """The region and worker ID that end a key (``.../<region>/<worker>``); None if they are not numbers."""
+    try:
+        region, worker = map(int, key.decode().rsplit("/", 2)[1:])
+    except ValueError:  # UnicodeDecodeError is one too
+        return None
+    return region, worker
 
 
 def _parse_endpoint(url: str) -> tuple[str, int, bool]:
