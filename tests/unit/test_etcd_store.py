@@ -964,6 +964,8 @@ def test_the_census_shows_unreadable_entries_as_such_and_changes_nothing(etcd):
         "marks/2/3": [1, 2],
         "workers/2/3": b"not json",
         "workers/2/x": {"holder": "x"},
+        "marks/3/0": {"token": 4},
+        "workers/3/0": [1],
     }
     for key, value in stray.items():
         etcd.put(key, value)
@@ -974,7 +976,8 @@ def test_the_census_shows_unreadable_entries_as_such_and_changes_nothing(etcd):
         (2, 1, "unreadable", None),
         (2, 2, "unreadable", None),
         (2, 3, "held", None),
+        (3, 0, "held", None),
     ]
-    assert census[-1]["holder"] is None and census[-1]["token"] > 0
+    assert census[-2]["holder"] is None and census[-2]["token"] > 0 and census[-1]["holder"] is None
     assert {k: v.value for k, v in etcd.server.kv.items()} == before
     assert store._failures == 0  # etcd answered
