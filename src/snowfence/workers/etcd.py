@@ -312,10 +312,7 @@ class EtcdStore(Store):
             log.info("recorded layout for cluster %s: %s", self.config.cluster, layout.describe())
             return
         try:
-            data = orjson.loads(responses[0][0][0])
-            if not isinstance(data, dict):
-                raise TypeError(f"not a JSON object: {data!r}")
-            recorded = Layout.from_dict(data)
+            recorded = Layout.from_dict(orjson.loads(responses[0][0][0]))
         except (IndexError, orjson.JSONDecodeError, TypeError, ValueError, SnowfenceError) as exc:
             raise LayoutMismatch(
                 f"the layout recorded for cluster {self.config.cluster!r} is unreadable: {exc}"
