@@ -146,6 +146,70 @@ class Mark:
     checked: bool = True
 
 
+class RegionLock:
+    """The flock of a region directory, as a context manager.
+
+    It is taken on the directory at the path, never on one removed from it, and
+    waits at most ``REGION_LOCK_WAIT_S`` for another process's mark write.
+    """
+
+    _FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self._fd = -1
+
+    def _open(self) -> int:
+        try:
+            try:
+                return os.open(self.dir, self._FLAGS)
+            except FileNotFoundError:
+                # Removed under us: make it again. What was in it is gone, and the
+                # tokens recorded in last-worker-id/ keep those worker IDs passed over.
+                self.dir.mkdir(parents=True, exist_ok=True)
+                return os.open(self.dir, self._FLAGS)
+        except OSError as exc:
+            raise StateDirError(f"region directory {self.dir} is not usable: {exc.strerror or exc}") from None
+
+    def __enter__(self) -> None:
+        fd = self._open()
+        try:
+            deadline = time.monotonic() + REGION_LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise StateDirError(f"cannot lock {self.dir}: {exc.strerror or exc}") from None
+                else:
+                    # A lock on a directory that was removed and made again locks
+                    # nothing the others see: it must be the one at the path.
+                    held = os.fstat(fd)
+                    try:
+                        now = os.stat(self.dir)
+                    except OSError:
+                        now = None
+                    if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                        self._fd = fd
+                        return
+                    os.close(fd)
+                    fd = -1
+                    fd = self._open()
+                    continue
+                if time.monotonic() >= deadline:
+                    raise StateDirBusy(f"another process has held {self.dir} locked for {REGION_LOCK_WAIT_S} s")
+                time.sleep(0.002)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
+
+    def __exit__(self, *exc_info) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)  # closing the descriptor drops the flock
+
+
 class FileLease(Lease):
     """A worker ID held by an flock on its lock file."""
 
@@ -352,54 +416,9 @@ class FileStore(Store):
     def paths(self, worker_id: int) -> tuple[Path, Path]:
         return self.dir / f"worker-{worker_id}.lock", self.dir / f"worker-{worker_id}.mark"
 
-    @contextlib.contextmanager
-    def region_lock(self) -> Iterator[None]:
+    def region_lock(self) -> RegionLock:
         """The region directory's flock, held around every read-compare-write of a mark."""
-        try:
-            try:
-                fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                # Removed under us: make it again. What was in it is gone, and the
-                # tokens recorded in last-worker-id/ keep those worker IDs passed over.
-                self.dir.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise StateDirError(f"region directory {self.dir} is not usable: {exc.strerror or exc}") from None
-        try:
-            deadline = time.monotonic() + REGION_LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                        raise StateDirError(f"cannot lock {self.dir}: {exc.strerror or exc}") from None
-                else:
-                    # A lock on a directory that was removed and made again locks
-                    # nothing the others see: it must be the one at the path.
-                    held = os.fstat(fd)
-                    try:
-                        now = os.stat(self.dir)
-                    except OSError:
-                        now = None
-                    if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                        break
-                    os.close(fd)
-                    fd = -1
-                    try:
-                        self.dir.mkdir(parents=True, exist_ok=True)
-                        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                    except OSError as exc:
-                        raise StateDirError(
-                            f"region directory {self.dir} is not usable: {exc.strerror or exc}"
-                        ) from None
-                    continue
-                if time.monotonic() >= deadline:
-                    raise StateDirBusy(f"another process has held {self.dir} locked for {REGION_LOCK_WAIT_S} s")
-                time.sleep(0.002)
-            yield
-        finally:
-            if fd >= 0:
-                os.close(fd)
+        return RegionLock(self.dir)
 
     def mark(self, worker_id: int) -> Mark | None:
         """The mark of a worker ID; None if it has no mark file.
