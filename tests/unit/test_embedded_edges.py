@@ -17,7 +17,7 @@ import subprocess
 import orjson
 import pytest
 
-from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirError, WorkerIdUnusable
+from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.workers import embedded
 from snowfence.workers.embedded import FileStore
@@ -490,3 +490,162 @@ def test_a_lock_file_replaced_while_claiming_is_not_taken(tmp_path, monkeypatch)
         s.try_claim(0, HOLDER, None)
     assert str(info.value) == f"lock file {lock} was replaced while claiming"
     assert s.read_mark(0) == (0, 1)
+
+
+# -- the region lock --------------------------------------------------------------------------------
+
+
+class SteppedTime:
+    """Stands in for the time module in embedded.py: monotonic() moves only when sleep() is called."""
+
+    def __init__(self, readings=None):
+        self.now = 0.0
+        self.sleeps: list[float] = []
+        self._readings = list(readings or [])
+
+    def monotonic(self) -> float:
+        return self._readings.pop(0) if self._readings else self.now
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+
+
+@pytest.fixture
+def held_region(tmp_path):
+    """The region directory locked by another open file, as another process in a mark write."""
+    s = store(tmp_path)
+    fd = os.open(region(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield s
+    os.close(fd)
+
+
+def test_a_busy_region_lock_is_retried_in_short_steps_for_the_wait_it_promises(held_region, monkeypatch):
+    fake = SteppedTime()
+    monkeypatch.setattr(embedded, "time", fake)
+    with pytest.raises(StateDirBusy) as info:
+        with held_region.region_lock():
+            pass
+    assert str(info.value) == f"another process has held {held_region.dir} locked for {embedded.REGION_LOCK_WAIT_S} s"
+    assert all(0 < s <= 0.01 for s in fake.sleeps)
+    assert embedded.REGION_LOCK_WAIT_S <= sum(fake.sleeps) <= embedded.REGION_LOCK_WAIT_S + 0.01
+
+
+def test_a_busy_region_lock_gives_up_at_its_deadline_without_another_wait(held_region, monkeypatch):
+    wait = embedded.REGION_LOCK_WAIT_S
+    fake = SteppedTime(readings=[0.0, wait, wait + 1])  # the first retry falls on the deadline itself
+    monkeypatch.setattr(embedded, "time", fake)
+    with pytest.raises(StateDirBusy):
+        with held_region.region_lock():
+            pass
+    assert fake.sleeps == []
+
+
+def test_a_region_lock_released_while_waiting_is_taken(tmp_path, monkeypatch):
+    import fcntl
+
+    s = store(tmp_path)
+    fd = os.open(region(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    fake = SteppedTime()
+
+    def sleep(seconds):
+        fake.sleeps.append(seconds)
+        fake.now += seconds
+        if len(fake.sleeps) == 3:
+            os.close(fd)  # the other process's write is done
+
+    fake.sleep = sleep
+    monkeypatch.setattr(embedded, "time", fake)
+    with s.region_lock():
+        assert held_by_another_region(s)  # by us, now
+    assert len(fake.sleeps) == 3
+
+
+def held_by_another_region(s: FileStore) -> bool:
+    import fcntl
+
+    fd = os.open(s.dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_region_lock_is_held_inside_and_let_go_after(tmp_path):
+    s = store(tmp_path)
+    with s.region_lock():
+        assert held_by_another_region(s)
+    assert not held_by_another_region(s)
+
+
+def test_the_whole_regions_tree_removed_is_made_again_by_the_next_lock(tmp_path):
+    s = store(tmp_path)
+    shutil.rmtree(tmp_path / "regions")
+    with s.region_lock():
+        assert s.dir.is_dir()
+
+
+def test_a_region_directory_made_again_by_another_process_at_the_same_moment_is_used(tmp_path, monkeypatch):
+    s = store(tmp_path)
+    shutil.rmtree(s.dir)
+    real_mkdir = type(s.dir).mkdir
+
+    def raced(path, *args, **kwargs):
+        real_mkdir(path)  # the other process made it first
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(type(s.dir), "mkdir", raced)
+    with s.region_lock():
+        assert s.dir.is_dir()
+
+
+def test_a_region_directory_removed_after_it_was_opened_is_not_the_one_locked(tmp_path, monkeypatch):
+    import fcntl
+
+    s = store(tmp_path)
+    real_flock = fcntl.flock
+    removed = []
+
+    def remove_then_lock(fd, op):
+        if not removed and os.readlink(f"/proc/self/fd/{fd}") == str(s.dir):
+            shutil.rmtree(s.dir)  # removed between our open and our lock
+            removed.append(True)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", remove_then_lock)
+    with s.region_lock():
+        assert s.dir.is_dir() and held_by_another_region(s)
+    assert removed
+
+
+def test_region_lock_errors_name_the_directory_and_the_reason(tmp_path, monkeypatch):
+    import fcntl
+
+    s = store(tmp_path)
+    with monkeypatch.context() as m:
+        fail_for(m, "open", s.dir, PermissionError(errno.EACCES, "Permission denied"))
+        with pytest.raises(StateDirError) as info:
+            with s.region_lock():
+                pass
+    assert str(info.value) == f"region directory {s.dir} is not usable: Permission denied"
+    real_flock = fcntl.flock
+
+    def flock(fd, op):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(s.dir):
+            raise OSError(errno.ENOLCK, "No locks available")
+        return real_flock(fd, op)
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with pytest.raises(StateDirError) as info:
+        with s.region_lock():
+            pass
+    assert str(info.value) == f"cannot lock {s.dir}: No locks available"
+    assert len(os.listdir("/proc/self/fd")) == before, "the directory's descriptor was closed"

@@ -157,7 +157,6 @@ class RegionLock:
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
-        self._fd = -1
 
     def _open(self) -> int:
         try:
@@ -171,43 +170,43 @@ class RegionLock:
         except OSError as exc:
             raise StateDirError(f"region directory {self.dir} is not usable: {exc.strerror or exc}") from None
 
-    def __enter__(self) -> None:
-        fd = self._open()
+    def _flock(self, fd: int) -> bool:
+        """Lock ``fd``; False if another process holds the lock."""
         try:
-            deadline = time.monotonic() + REGION_LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                        raise StateDirError(f"cannot lock {self.dir}: {exc.strerror or exc}") from None
-                else:
-                    # A lock on a directory that was removed and made again locks
-                    # nothing the others see: it must be the one at the path.
-                    held = os.fstat(fd)
-                    try:
-                        now = os.stat(self.dir)
-                    except OSError:
-                        now = None
-                    if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                        self._fd = fd
-                        return
-                    os.close(fd)
-                    fd = -1
-                    fd = self._open()
-                    continue
-                if time.monotonic() >= deadline:
-                    raise StateDirBusy(f"another process has held {self.dir} locked for {REGION_LOCK_WAIT_S} s")
-                time.sleep(0.002)
-        except BaseException:
-            if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise StateDirError(f"cannot lock {self.dir}: {exc.strerror or exc}") from None
+        return True
+
+    def _at_path(self, fd: int) -> bool:
+        """Whether ``fd`` is the directory at the path (a lock on one removed from it locks nothing)."""
+        held = os.fstat(fd)
+        try:
+            now = os.stat(self.dir)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+    def __enter__(self) -> None:
+        deadline = time.monotonic() + REGION_LOCK_WAIT_S
+        while True:
+            fd = self._open()
+            try:
+                if self._flock(fd) and self._at_path(fd):
+                    self._fd = fd
+                    return
+            except BaseException:
                 os.close(fd)
-            raise
+                raise
+            os.close(fd)  # busy, or a directory since removed from the path: try the one there again
+            if time.monotonic() >= deadline:
+                raise StateDirBusy(f"another process has held {self.dir} locked for {REGION_LOCK_WAIT_S} s")
+            time.sleep(0.002)
 
     def __exit__(self, *exc_info) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)  # closing the descriptor drops the flock
+        os.close(self._fd)  # closing the descriptor drops the flock
 
 
 class FileLease(Lease):
