@@ -11,6 +11,8 @@ lapse on the fake clock. The same behaviour against a real etcd is covered by
 
 from __future__ import annotations
 
+import logging
+
 import orjson
 import pytest
 from fake_etcd import DirectClient, EtcdServer, RpcError, ServerTime
@@ -639,9 +641,13 @@ def test_a_dead_channel_is_an_etcd_failure_too(etcd):
 # -- the layout ---------------------------------------------------------------------------------
 
 
-def test_the_first_node_records_the_layout_and_the_same_layout_is_accepted_after(etcd):
+def test_the_first_node_records_the_layout_and_the_same_layout_is_accepted_after(etcd, caplog):
     store = etcd.store()
+    caplog.set_level(logging.INFO, logger="snowfence.etcd")
     store.check_layout(store.layout)
+    assert [r.getMessage() for r in caplog.records if r.name == "snowfence.etcd"] == [
+        f"recorded layout for cluster unit: {store.layout.describe()}"
+    ]
     assert Layout.from_dict(etcd.json("layout")) == store.layout
     revision = etcd.server.kv[PREFIX + "layout"].mod_revision
     etcd.store().check_layout(store.layout)

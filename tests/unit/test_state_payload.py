@@ -74,3 +74,37 @@ def test_a_full_payload_round_trips_and_keeps_the_stores_own_fields():
 def test_a_malformed_payload_is_one_bad_state_error(payload):
     with pytest.raises(BadState):
         protocol.decode_state(b"\x11" + payload)
+
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        (b"[1, 2]", "a STATE payload is list, not an object"),
+        (b'{"pid": "1000"}', "STATE field 'pid' is str, not int"),
+        (b'{"clock_ahead_ms": "1"}', "STATE field 'clock_ahead_ms' is str, not int/float"),
+        (b'{"held": {"worker_id": 1}}', "STATE field 'held' is dict, not a list"),
+        (b'{"held": [7]}', "a STATE 'held' entry is int, not an object"),
+        (b'{"counters": {"ids": "many"}}', "STATE counter 'ids' is str, not a number"),
+        (b'{"step_back_ms": {"le": [1], "counts": []}}', "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)"),
+        (b'{"step_back_ms": {"le": 5, "counts": [1], "sum_ms": 0}}', "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)"),
+        (b'{"step_back_ms": {"le": ["x"], "counts": [1], "sum_ms": 0}}', "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)"),
+        (b'{"step_back_ms": {"le": [true], "counts": [1], "sum_ms": 0}}', "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)"),
+        (b'{"passed_over": [{"reason": "x"}]}', "STATE field 'passed_over' is not a list of objects with a worker_id"),
+    ],
+)
+def test_a_malformed_payload_says_what_is_wrong_with_it(payload, message):
+    """The broker logs this text when it ignores a worker's STATE."""
+    with pytest.raises(BadState) as info:
+        protocol.decode_state(b"\x11" + payload)
+    assert str(info.value) == message
+
+
+def test_a_payload_that_is_not_json_says_so_with_the_parser_s_reason():
+    with pytest.raises(BadState) as info:
+        protocol.decode_state(b"\x11not json")
+    assert str(info.value).startswith("a STATE payload is not JSON: ") and "line 1 column 1" in str(info.value)
+
+
+def test_a_histogram_without_an_overflow_bucket_is_accepted():
+    state = protocol.decode_state(b'\x11{"step_back_ms": {"le": [1, 5], "counts": [1, 2], "sum_ms": 3}}')
+    assert state.step_back_ms == {"le": [1, 5], "counts": [1, 2], "sum_ms": 3}
