@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -87,6 +88,7 @@ def servers(specs: dict[str, dict]):
     """Start named servers: {"name": {"kind": "snowfence"|"relay", "workers": n, "args": [...]}}."""
     root = Path(tempfile.mkdtemp(prefix="sfbench-"))
     started: dict[str, Server] = {}
+    done = False
     try:
         for name, spec in specs.items():
             endpoint = f"ipc://{root}/{name}.sock"
@@ -110,9 +112,14 @@ def servers(specs: dict[str, dict]):
         for name, spec in specs.items():
             wait_ready(started[name].endpoint, spec.get("ready", spec["workers"]))
         yield started
+        done = True
     finally:
         for s in started.values():
             s.stop()
+        if done:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"the servers' logs and state directories are kept in {root}", file=sys.stderr)
 
 
 def bench(server: Server, *args: str) -> dict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -86,6 +87,9 @@ def main() -> int:
     finally:
         for p in procs:
             p.terminate()
+        for p in procs:
+            p.join(5)
+        shutil.rmtree(rundir, ignore_errors=True)
     return 0
 
 

@@ -306,8 +306,10 @@ def test_a_malformed_membership_entry_in_etcd_changes_nothing(nodes, etcd):
 def test_bench_against_a_server_that_does_not_answer_nodes_uses_the_endpoints_given(tmp_path):
     relay_script = Path(__file__).resolve().parents[2] / "benchmarks" / "relay.py"
     endpoint = f"ipc://{tmp_path}/relay.sock"
+    relay_tmp = tmp_path / "relay-tmp"
+    relay_tmp.mkdir()
     relay = subprocess.Popen([sys.executable, str(relay_script), "--bind", endpoint, "--workers", "1"],
-                             start_new_session=True)  # fmt: skip
+                             start_new_session=True, env={**os.environ, "TMPDIR": str(relay_tmp)})  # fmt: skip
     try:
         run = subprocess.run(
             [sys.executable, "-m", "snowfence", "bench", "--connect", endpoint, "--duration", "0.5", "--warmup",
@@ -315,7 +317,12 @@ def test_bench_against_a_server_that_does_not_answer_nodes_uses_the_endpoints_gi
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     finally:
-        os.killpg(relay.pid, signal.SIGKILL)
-        relay.wait(10)
+        os.killpg(relay.pid, signal.SIGTERM)
+        try:
+            relay.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(relay.pid, signal.SIGKILL)
+            relay.wait(10)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["ids_per_s"] > 0
+    assert relay.returncode == 0 and list(relay_tmp.iterdir()) == [], "the relay cleaned up after itself"
