@@ -115,7 +115,11 @@ def servers(specs: dict[str, dict]):
         done = True
     finally:
         for s in started.values():
-            s.stop()
+            try:
+                s.stop()
+            except Exception as exc:  # stop the others all the same
+                print(f"could not stop {s.name}: {exc!r}", file=sys.stderr)
+                done = False
         if done:
             shutil.rmtree(root, ignore_errors=True)
         else:

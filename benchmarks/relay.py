@@ -68,23 +68,25 @@ def main() -> int:
     parser.add_argument("--bind", required=True)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    rundir = tempfile.mkdtemp(prefix="relay-")
-    backend = f"ipc://{rundir}/backend"
-    ctx = zmq.Context()
-    front = ctx.socket(zmq.ROUTER)
-    front.bind(args.bind)
-    back = ctx.socket(zmq.DEALER)
-    back.bind(backend)
-    mp = multiprocessing.get_context("spawn")
-    procs = [mp.Process(target=worker, args=(backend, 100 + i, args.workers), daemon=True) for i in range(args.workers)]
-    for p in procs:
-        p.start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    rundir = tempfile.mkdtemp(prefix="relay-")
+    procs = []
     try:
+        backend = f"ipc://{rundir}/backend"
+        ctx = zmq.Context()
+        front = ctx.socket(zmq.ROUTER)
+        front.bind(args.bind)
+        back = ctx.socket(zmq.DEALER)
+        back.bind(backend)
+        mp = multiprocessing.get_context("spawn")
+        for i in range(args.workers):
+            procs.append(mp.Process(target=worker, args=(backend, 100 + i, args.workers), daemon=True))
+            procs[-1].start()
         zmq.proxy(front, back)
     except (KeyboardInterrupt, SystemExit, zmq.ContextTerminated):
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         for p in procs:
             p.terminate()
         for p in procs:

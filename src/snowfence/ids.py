@@ -227,11 +227,12 @@ class Layout:
         """
         if not isinstance(data, dict):
             raise ConfigError(f"a layout is a JSON object, not {type(data).__name__}")
-        fields = ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
+        required = ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits")
+        fields = (*required, "shard_bits")
         unknown = set(data) - set(fields)
         if unknown:
             raise ConfigError(f"unknown layout fields: {', '.join(sorted(unknown))}")
-        missing = [k for k in fields[:-1] if k not in data]
+        missing = [k for k in required if k not in data]
         if missing:
             raise ConfigError(f"layout fields missing: {', '.join(missing)}")
         return cls(**{k: data[k] for k in fields if k in data})

@@ -226,8 +226,19 @@ def test_a_claim_reads_the_previous_owners_mark(etcd):
 
 @pytest.mark.parametrize(
     "mark",
-    [b"not json", b"[1]", orjson.dumps({"token": 3}), orjson.dumps({"reserved_until_ms": "soon"}), b"null"],
-    ids=["not-json", "a-list", "no-mark-field", "not-a-number", "null"],
+    [
+        b"not json",
+        b"[1]",
+        orjson.dumps({"token": 3}),
+        orjson.dumps({"reserved_until_ms": "soon"}),
+        b"null",
+        orjson.dumps({"reserved_until_ms": True}),
+        orjson.dumps({"reserved_until_ms": "77"}),
+        orjson.dumps({"reserved_until_ms": 1.9}),
+        orjson.dumps({"reserved_until_ms": -5}),
+        orjson.dumps({"reserved_until_ms": 10**17}),
+    ],
+    ids=["not-json", "a-list", "no-mark-field", "not-a-number", "null", "bool", "a-string", "a-float", "negative", "past-the-layout"],
 )
 def test_a_worker_id_whose_mark_is_unreadable_is_passed_over_and_left_as_it_was(etcd, mark):
     store = etcd.store()
@@ -843,7 +854,8 @@ def test_endpoints_are_parsed_into_host_port_and_tls(etcd):
 
 
 @pytest.mark.parametrize(
-    "url", ["http://127.0.0.1:", "http://:2379", "http://h:0", "http://h:port", "http://h:99999", "https://h"]
+    "url",
+    ["http://127.0.0.1:", "http://:2379", "http://h:0", "http://h:port", "http://h:99999", "https://h", "http://[::1:2379"],
 )
 def test_an_endpoint_without_a_usable_host_and_port_is_a_config_error(url):
     with pytest.raises(ConfigError, match="must look like http://host:port"):
@@ -972,6 +984,13 @@ def test_the_census_shows_unreadable_entries_as_such_and_changes_nothing(etcd):
         "workers/2/x": {"holder": "x"},
         "marks/3/0": {"token": 4},
         "workers/3/0": [1],
+        "marks/4/1": {"reserved_until_ms": True},
+        "marks/4/2": {"reserved_until_ms": 1.9},
+        "marks/4/3": {"reserved_until_ms": -5},
+        "marks/4/4": {"reserved_until_ms": 10**17},  # past the layout's last millisecond
+        "marks/x/5/6": {"reserved_until_ms": 5},  # a path deeper than region/worker
+        "workers/5/1_0": {"holder": "x"},
+        "workers/5/+7": {"holder": "x"},
     }
     for key, value in stray.items():
         etcd.put(key, value)
@@ -983,7 +1002,12 @@ def test_the_census_shows_unreadable_entries_as_such_and_changes_nothing(etcd):
         (2, 2, "unreadable", None),
         (2, 3, "held", None),
         (3, 0, "held", None),
+        (4, 1, "unreadable", None),
+        (4, 2, "unreadable", None),
+        (4, 3, "unreadable", None),
+        (4, 4, "unreadable", None),
     ]
-    assert census[-2]["holder"] is None and census[-2]["token"] > 0 and census[-1]["holder"] is None
+    held = [e for e in census if e["state"] == "held"]
+    assert held[-2]["holder"] is None and held[-2]["token"] > 0 and held[-1]["holder"] is None
     assert {k: v.value for k, v in etcd.server.kv.items()} == before
     assert store._failures == 0  # etcd answered

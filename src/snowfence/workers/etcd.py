@@ -373,6 +373,13 @@ class EtcdStore(Store):
 
     _revoke = _etcd_call(_revoke)
 
+    def _mark_ms(self, mark: dict) -> int:
+        """A mark's ``reserved_until_ms``, if it is one we could have written; else ValueError (or KeyError, TypeError)."""
+        ms = mark["reserved_until_ms"]
+        if type(ms) is not int or not 0 <= ms <= self.layout.max_ms:
+            raise ValueError(f"reserved_until_ms is {ms!r}")
+        return ms
+
     def try_claim(self, worker_id: int, holder: str, max_mark_ms: int | None) -> EtcdLease | None:
         lease_id, ttl = self._claim_lease
         client = self.client
@@ -393,8 +400,8 @@ class EtcdStore(Store):
         mark_ms = 0
         if responses[2]:
             try:
-                mark_ms = int(orjson.loads(responses[2][0][0])["reserved_until_ms"])
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                mark_ms = self._mark_ms(orjson.loads(responses[2][0][0]))
+            except (KeyError, TypeError, ValueError):  # orjson's errors are ValueErrors
                 # A mark we cannot read could hide a later timestamp: give the ID back.
                 log.warning("mark of worker ID %d is unreadable; passing over it", worker_id)
                 mark_ms = None
@@ -420,7 +427,7 @@ class EtcdStore(Store):
         client = self.client
         entries: dict[tuple[int, int], dict] = {}
         for value, meta in client.get_prefix(self.prefix + "marks/"):
-            place = _place(meta.key)
+            place = _place(meta.key, self.prefix + "marks/")
             if place is None:
                 continue
             region, worker = place
@@ -428,7 +435,7 @@ class EtcdStore(Store):
                 mark = orjson.loads(value)
                 entry = {
                     "state": "retired",
-                    "mark_ms": int(mark["reserved_until_ms"]),
+                    "mark_ms": self._mark_ms(mark),
                     "mark_token": mark.get("token"),
                     "last_holder": mark.get("holder"),
                 }
@@ -436,7 +443,7 @@ class EtcdStore(Store):
                 entry = {"state": "unreadable", "mark_ms": None}
             entries[place] = {"region": region, "worker_id": worker, **entry}
         for value, meta in client.get_prefix(self.prefix + "workers/"):
-            place = _place(meta.key)
+            place = _place(meta.key, self.prefix + "workers/")
             if place is None:
                 continue
             region, worker = place
@@ -530,21 +537,24 @@ class EtcdStore(Store):
     regions = _etcd_call(regions)
 
 
-def _place(key: bytes) -> tuple[int, int] | None:
-    """The region and worker ID that end a key (``.../<region>/<worker>``); None if they are not numbers."""
+def _place(key: bytes, prefix: str) -> tuple[int, int] | None:
+    """The region and worker ID of ``<prefix><region>/<worker>``; None for any other key."""
     try:
-        region, worker = map(int, key.decode().rsplit("/", 2)[1:])
-    except ValueError:  # UnicodeDecodeError is one too
+        rest = key.decode()
+    except UnicodeDecodeError:
         return None
-    return region, worker
+    parts = rest[len(prefix) :].split("/") if rest.startswith(prefix) else []
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def _parse_endpoint(url: str) -> tuple[str, int, bool]:
-    parts = urlsplit(url)
     try:
+        parts = urlsplit(url)  # ValueError: a bracketed host that does not close
         port = parts.port  # ValueError: not a number, or out of range
     except ValueError:
-        port = None
+        parts, port = urlsplit(""), None
     if parts.scheme not in ("http", "https") or not parts.hostname or not port:
         raise ConfigError(f"etcd endpoint {url!r} must look like http://host:port or https://host:port")
     return parts.hostname, port, parts.scheme == "https"
