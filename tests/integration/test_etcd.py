@@ -331,3 +331,24 @@ def test_status_of_the_cluster_lists_held_and_retired_worker_ids(nodes, etcd):
     assert by_id[retired]["state"] == "retired" and by_id[retired]["mark_passed"] is True
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
     assert "2 worker IDs held, 1 retired" in text
+
+
+def test_marks_that_are_not_whole_milliseconds_are_passed_over_and_shown_unreadable(nodes, etcd):
+    garbage = {0: '{"reserved_until_ms": true}', 1: '{"reserved_until_ms": -5}', 2: '{"reserved_until_ms": 1e17}'}
+    for worker_id, value in garbage.items():
+        assert etcd.ctl("put", f"/snowfence/garbled/marks/0/{worker_id}", value).returncode == 0
+    node = nodes.start("g", workers=1, args=etcd_args(etcd, "garbled"))
+    node.wait_ready()
+    assert worker_ids(node) == {3}, node.log_tail()
+    cmd = [sys.executable, "-m", "snowfence", "status", "--etcd", ",".join(etcd.endpoints), "--cluster", "garbled"]
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    states = {e["worker_id"]: e["state"] for e in orjson.loads(out.stdout)["worker_ids"]}
+    assert states == {0: "unreadable", 1: "unreadable", 2: "unreadable", 3: "held"}
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert text.returncode == 0 and "Traceback" not in text.stderr, text.stderr
+    assert node.stop() == 0
+    marks = etcd.get_prefix("/snowfence/garbled/marks/0/")
+    assert {k: v for k, v in marks.items() if not k.endswith("/3")} == {
+        f"/snowfence/garbled/marks/0/{w}": v for w, v in garbage.items()
+    }  # changed nothing
