@@ -970,6 +970,9 @@ def test_each_client_starts_with_the_members_in_a_random_order(monkeypatch):
     assert len(orders) > 1
 
 
+LAYOUT_MAX_MS = config().layout.max_ms
+
+
 def test_the_census_shows_unreadable_entries_as_such_and_changes_nothing(etcd):
     store = etcd.store()
     lease = claim(store, preferred=0, holder="a")
@@ -991,6 +994,8 @@ def test_the_census_shows_unreadable_entries_as_such_and_changes_nothing(etcd):
         "marks/x/5/6": {"reserved_until_ms": 5},  # a path deeper than region/worker
         "workers/5/1_0": {"holder": "x"},
         "workers/5/+7": {"holder": "x"},
+        "marks/6/0": {"reserved_until_ms": 0},  # the lowest a mark can be
+        "marks/6/1": {"reserved_until_ms": LAYOUT_MAX_MS},  # and the highest
     }
     for key, value in stray.items():
         etcd.put(key, value)
@@ -1006,6 +1011,8 @@ def test_the_census_shows_unreadable_entries_as_such_and_changes_nothing(etcd):
         (4, 2, "unreadable", None),
         (4, 3, "unreadable", None),
         (4, 4, "unreadable", None),
+        (6, 0, "retired", 0),
+        (6, 1, "retired", LAYOUT_MAX_MS),
     ]
     held = [e for e in census if e["state"] == "held"]
     assert held[-2]["holder"] is None and held[-2]["token"] > 0 and held[-1]["holder"] is None

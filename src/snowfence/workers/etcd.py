@@ -550,11 +550,12 @@ def _place(key: bytes, prefix: str) -> tuple[int, int] | None:
 
 
 def _parse_endpoint(url: str) -> tuple[str, int, bool]:
+    unusable = ConfigError(f"etcd endpoint {url!r} must look like http://host:port or https://host:port")
     try:
         parts = urlsplit(url)  # ValueError: a bracketed host that does not close
         port = parts.port  # ValueError: not a number, or out of range
     except ValueError:
-        parts, port = urlsplit(""), None
+        raise unusable from None
     if parts.scheme not in ("http", "https") or not parts.hostname or not port:
-        raise ConfigError(f"etcd endpoint {url!r} must look like http://host:port or https://host:port")
+        raise unusable
     return parts.hostname, port, parts.scheme == "https"
