@@ -140,7 +140,7 @@ MUTANTS = [
         (
             Edit(
                 M + "etcd:EtcdStore.try_claim",
-                'mark_ms = int(orjson.loads(responses[2][0][0])["reserved_until_ms"])',
+                "mark_ms = self._mark_ms(orjson.loads(responses[2][0][0]))",
                 "mark_ms = 0",
             ),
         ),
