@@ -9,6 +9,7 @@ directory; faults are injected at the os-module boundary."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import shutil
@@ -71,7 +72,9 @@ def test_filesystem_type_is_the_real_statfs_magic_number(tmp_path):
     stat_f = shutil.which("stat")
     paths = [tmp_path] + (["/dev/shm"] if os.path.isdir("/dev/shm") else [])
     for path in paths:
-        expected = int(subprocess.run([stat_f, "-f", "-c", "%t", str(path)], capture_output=True, text=True, check=True).stdout, 16)
+        expected = int(
+            subprocess.run([stat_f, "-f", "-c", "%t", str(path)], capture_output=True, text=True, check=True).stdout, 16
+        )
         assert embedded.filesystem_type(path) == expected, path
     assert embedded.filesystem_type(tmp_path / "missing") is None
 
@@ -88,8 +91,6 @@ def test_lock_mark_and_layout_files_are_readable_by_all_and_writable_by_the_owne
 
 
 def test_a_lock_is_not_inherited_by_programs_a_worker_runs(tmp_path):
-    import fcntl
-
     lease = store(tmp_path).try_claim(0, HOLDER, None)
     assert fcntl.fcntl(lease._fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
 
@@ -147,7 +148,9 @@ def test_a_temp_file_left_by_an_earlier_process_with_our_pid_is_overwritten_whol
 
 def test_a_write_that_fails_leaves_no_temp_file_and_reports_the_disk_error(tmp_path, monkeypatch):
     path = tmp_path / "x.mark"
-    fail_for(monkeypatch, "fsync", lambda fd: isinstance(fd, int) and os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"))
+    fail_for(
+        monkeypatch, "fsync", lambda fd: isinstance(fd, int) and os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp")
+    )
     with pytest.raises(OSError) as info:
         embedded.write_atomic(path, b"data")
     assert info.value.errno == errno.EIO
@@ -156,8 +159,15 @@ def test_a_write_that_fails_leaves_no_temp_file_and_reports_the_disk_error(tmp_p
 
 def test_a_write_whose_cleanup_also_fails_still_reports_the_first_error(tmp_path, monkeypatch):
     path = tmp_path / "x.mark"
-    fail_for(monkeypatch, "fsync", lambda fd: isinstance(fd, int) and os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"))
-    fail_for(monkeypatch, "unlink", lambda p: os.fspath(p).endswith(".tmp"), PermissionError(errno.EACCES, "Permission denied"))
+    fail_for(
+        monkeypatch, "fsync", lambda fd: isinstance(fd, int) and os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp")
+    )
+    fail_for(
+        monkeypatch,
+        "unlink",
+        lambda p: os.fspath(p).endswith(".tmp"),
+        PermissionError(errno.EACCES, "Permission denied"),
+    )
     with pytest.raises(OSError) as info:
         embedded.write_atomic(path, b"data")
     assert info.value.errno == errno.EIO
@@ -171,7 +181,12 @@ def test_a_rename_that_fails_leaves_no_temp_file_and_the_old_mark_whole(tmp_path
         embedded.write_atomic(path, b"new")
     assert info.value.errno == errno.EIO
     assert temp_files(tmp_path) == [] and path.read_bytes() == b"old"
-    fail_for(monkeypatch, "unlink", lambda p: os.fspath(p).endswith(".tmp"), PermissionError(errno.EACCES, "Permission denied"))
+    fail_for(
+        monkeypatch,
+        "unlink",
+        lambda p: os.fspath(p).endswith(".tmp"),
+        PermissionError(errno.EACCES, "Permission denied"),
+    )
     with pytest.raises(OSError) as info:
         embedded.write_atomic(path, b"new")
     assert info.value.errno == errno.EIO  # not the cleanup's error
@@ -205,38 +220,6 @@ def test_losing_exclusivity_is_logged_as_an_error_event_with_its_reason(tmp_path
     assert record.fields == {"worker_id": 0, "token": 1, "reason": why}
 
 
-@pytest.mark.parametrize(
-    "how, reason",
-    [
-        ("removed", "its mark file {mark} was removed"),
-        ("corrupted", "{unparsable}"),
-        ("rolled_back", "its mark was rolled back to token 0"),
-        ("set_back", "its mark was set back to 400 ms, below our 500 ms"),
-    ],
-)
-def test_a_mark_damaged_under_its_holder_is_reported_with_what_happened_and_what_was_done(tmp_path, how, reason):
-    s = store(tmp_path)
-    lease = s.try_claim(0, HOLDER, None)
-    lease.extend(500)
-    mark = region(tmp_path) / "worker-0.mark"
-    if how == "removed":
-        mark.unlink()
-    elif how == "corrupted":
-        mark.write_bytes(b"\0" * 8)
-    elif how == "rolled_back":
-        s.write_mark(0, 500, 0, "earlier")
-    else:
-        s.write_mark(0, 400, 1, HOLDER)
-    unparsable = ""
-    if how == "corrupted":
-        with pytest.raises(WorkerIdUnusable, match="cannot be parsed") as why:
-            s.mark(0)
-        unparsable = str(why.value)
-    with pytest.raises(LeaseLost) as info:
-        lease.refresh()
-    assert str(info.value) == f"worker ID 0: {reason.format(mark=mark, unparsable=unparsable)}; restored it to 500 ms"
-
-
 def test_a_mark_that_cannot_be_restored_says_so(tmp_path, monkeypatch):
     s = store(tmp_path)
     lease = s.try_claim(0, HOLDER, None)
@@ -245,7 +228,9 @@ def test_a_mark_that_cannot_be_restored_says_so(tmp_path, monkeypatch):
     fail_for(monkeypatch, "replace", lambda p: os.fspath(p).endswith(".tmp"))
     with pytest.raises(LeaseLost) as info:
         lease.refresh()
-    assert str(info.value) == f"worker ID 0: its mark file {mark} was removed; could not restore it (Input/output error)"
+    assert (
+        str(info.value) == f"worker ID 0: its mark file {mark} was removed; could not restore it (Input/output error)"
+    )
 
 
 def test_a_lock_file_that_cannot_be_checked_is_a_state_dir_error_naming_it(tmp_path, monkeypatch):
@@ -385,8 +370,6 @@ def test_a_lock_file_that_cannot_be_opened_or_locked_is_named_with_the_reason(tm
         with pytest.raises(StateDirError) as info:
             s.try_claim(0, HOLDER, None)
     assert str(info.value) == f"cannot open lock file {lock}: Permission denied"
-    import fcntl
-
     real_flock = fcntl.flock
 
     def flock(fd, op):
@@ -435,9 +418,7 @@ def test_the_messages_of_passed_over_worker_ids_say_what_is_wrong(tmp_path):
     region(tmp_path).joinpath("worker-0.lock").write_bytes(b"")
     with pytest.raises(WorkerIdUnusable) as info:
         s.try_claim(0, HOLDER, None)
-    assert str(info.value) == (
-        "worker ID 0 has a lock file without a mark: it was used, but how far ahead is unknown"
-    )
+    assert str(info.value) == ("worker ID 0 has a lock file without a mark: it was used, but how far ahead is unknown")
     pref = PreferenceFile(tmp_path, embedded_namespace(0) + "/" + node_key("tcp://127.0.0.1:5555"), "slot-0")
     pref.write(1, 6)
     s.write_mark(1, 100, 2, "earlier")
@@ -516,8 +497,6 @@ def held_region(tmp_path):
     """The region directory locked by another open file, as another process in a mark write."""
     s = store(tmp_path)
     fd = os.open(region(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
-    import fcntl
-
     fcntl.flock(fd, fcntl.LOCK_EX)
     yield s
     os.close(fd)
@@ -545,8 +524,6 @@ def test_a_busy_region_lock_gives_up_at_its_deadline_without_another_wait(held_r
 
 
 def test_a_region_lock_released_while_waiting_is_taken(tmp_path, monkeypatch):
-    import fcntl
-
     s = store(tmp_path)
     fd = os.open(region(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -566,8 +543,6 @@ def test_a_region_lock_released_while_waiting_is_taken(tmp_path, monkeypatch):
 
 
 def held_by_another_region(s: FileStore) -> bool:
-    import fcntl
-
     fd = os.open(s.dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -607,8 +582,6 @@ def test_a_region_directory_made_again_by_another_process_at_the_same_moment_is_
 
 
 def test_a_region_directory_removed_after_it_was_opened_is_not_the_one_locked(tmp_path, monkeypatch):
-    import fcntl
-
     s = store(tmp_path)
     real_flock = fcntl.flock
     removed = []
@@ -626,8 +599,6 @@ def test_a_region_directory_removed_after_it_was_opened_is_not_the_one_locked(tm
 
 
 def test_region_lock_errors_name_the_directory_and_the_reason(tmp_path, monkeypatch):
-    import fcntl
-
     s = store(tmp_path)
     with monkeypatch.context() as m:
         fail_for(m, "open", s.dir, PermissionError(errno.EACCES, "Permission denied"))

@@ -104,8 +104,16 @@ def test_a_mark_taken_over_by_another_token_loses_the_lease(tmp_path):
     assert s.read_mark(0) == (100, lease.token + 1)
 
 
-@pytest.mark.parametrize("how", ["removed", "set_back", "rolled_back", "corrupted"])
-def test_a_mark_damaged_under_its_holder_is_restored_and_the_lease_let_go(tmp_path, how):
+@pytest.mark.parametrize(
+    "how, reason",
+    [
+        ("removed", "its mark file {mark} was removed"),
+        ("set_back", "its mark was set back to 4000 ms, below our 5000 ms"),
+        ("rolled_back", "its mark was rolled back to token 0"),
+        ("corrupted", "{unparsable}"),
+    ],
+)
+def test_a_mark_damaged_under_its_holder_is_restored_and_the_lease_let_go(tmp_path, how, reason):
     s = store(tmp_path)
     lease = s.try_claim(0, HOLDER, None)
     lease.extend(5_000)
@@ -118,8 +126,15 @@ def test_a_mark_damaged_under_its_holder_is_restored_and_the_lease_let_go(tmp_pa
         s.write_mark(0, 4_000, lease.token - 1, "earlier")
     else:
         mark.write_bytes(b"\0" * 20)
-    with pytest.raises(LeaseLost, match="restored it to 5000 ms"):
+    unparsable = ""
+    if how == "corrupted":
+        with pytest.raises(WorkerIdUnusable, match="cannot be parsed") as why:
+            s.mark(0)
+        unparsable = str(why.value)
+    with pytest.raises(LeaseLost) as info:
         lease.refresh()
+    # It says what happened and what it did about it.
+    assert str(info.value) == f"worker ID 0: {reason.format(mark=mark, unparsable=unparsable)}; restored it to 5000 ms"
     # Only the holder knew how far it had gone; it put that back before letting go.
     assert s.read_mark(0) == (5_000, lease.token)
     lease.abandon()

@@ -238,7 +238,18 @@ def test_a_claim_reads_the_previous_owners_mark(etcd):
         orjson.dumps({"reserved_until_ms": -5}),
         orjson.dumps({"reserved_until_ms": 10**17}),
     ],
-    ids=["not-json", "a-list", "no-mark-field", "not-a-number", "null", "bool", "a-string", "a-float", "negative", "past-the-layout"],
+    ids=[
+        "not-json",
+        "a-list",
+        "no-mark-field",
+        "not-a-number",
+        "null",
+        "bool",
+        "a-string",
+        "a-float",
+        "negative",
+        "past-the-layout",
+    ],
 )
 def test_a_worker_id_whose_mark_is_unreadable_is_passed_over_and_left_as_it_was(etcd, mark):
     store = etcd.store()
@@ -855,7 +866,15 @@ def test_endpoints_are_parsed_into_host_port_and_tls(etcd):
 
 @pytest.mark.parametrize(
     "url",
-    ["http://127.0.0.1:", "http://:2379", "http://h:0", "http://h:port", "http://h:99999", "https://h", "http://[::1:2379"],
+    [
+        "http://127.0.0.1:",
+        "http://:2379",
+        "http://h:0",
+        "http://h:port",
+        "http://h:99999",
+        "https://h",
+        "http://[::1:2379",
+    ],
 )
 def test_an_endpoint_without_a_usable_host_and_port_is_a_config_error(url):
     with pytest.raises(ConfigError, match="must look like http://host:port"):

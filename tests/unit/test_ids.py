@@ -145,7 +145,13 @@ def test_shard_prefixed_layout_round_trips_and_stays_time_ordered_within_a_shard
 
 @pytest.mark.parametrize(
     "data",
-    [{}, [], "", {"epoch_ms": DEFAULT_EPOCH_MS}, {k: v for k, v in DEFAULT_LAYOUT.to_dict().items() if k != "worker_bits"}],
+    [
+        {},
+        [],
+        "",
+        {"epoch_ms": DEFAULT_EPOCH_MS},
+        {k: v for k, v in DEFAULT_LAYOUT.to_dict().items() if k != "worker_bits"},
+    ],
 )
 def test_a_recorded_layout_must_say_every_field_not_fall_back_to_defaults(data):
     with pytest.raises(ConfigError, match="layout"):

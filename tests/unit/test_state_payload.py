@@ -85,10 +85,22 @@ def test_a_malformed_payload_is_one_bad_state_error(payload):
         (b'{"held": {"worker_id": 1}}', "STATE field 'held' is dict, not a list"),
         (b'{"held": [7]}', "a STATE 'held' entry is int, not an object"),
         (b'{"counters": {"ids": "many"}}', "STATE counter 'ids' is str, not a number"),
-        (b'{"step_back_ms": {"le": [1], "counts": []}}', "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)"),
-        (b'{"step_back_ms": {"le": 5, "counts": [1], "sum_ms": 0}}', "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)"),
-        (b'{"step_back_ms": {"le": ["x"], "counts": [1], "sum_ms": 0}}', "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)"),
-        (b'{"step_back_ms": {"le": [true], "counts": [1], "sum_ms": 0}}', "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)"),
+        (
+            b'{"step_back_ms": {"le": [1], "counts": []}}',
+            "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)",
+        ),
+        (
+            b'{"step_back_ms": {"le": 5, "counts": [1], "sum_ms": 0}}',
+            "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)",
+        ),
+        (
+            b'{"step_back_ms": {"le": ["x"], "counts": [1], "sum_ms": 0}}',
+            "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)",
+        ),
+        (
+            b'{"step_back_ms": {"le": [true], "counts": [1], "sum_ms": 0}}',
+            "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)",
+        ),
         (b'{"passed_over": [{"reason": "x"}]}', "STATE field 'passed_over' is not a list of objects with a worker_id"),
     ],
 )

@@ -374,7 +374,9 @@ class EtcdStore(Store):
     _revoke = _etcd_call(_revoke)
 
     def _mark_ms(self, mark: dict) -> int:
-        """A mark's ``reserved_until_ms``, if it is one we could have written; else ValueError (or KeyError, TypeError)."""
+        """A mark's ``reserved_until_ms``, if it is one we could have written.
+
+        Raises ValueError (or KeyError, TypeError) for anything else."""
         ms = mark["reserved_until_ms"]
         if type(ms) is not int or not 0 <= ms <= self.layout.max_ms:
             raise ValueError(f"reserved_until_ms is {ms!r}")
