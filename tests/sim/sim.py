@@ -191,7 +191,7 @@ class Held:
         self.thread = thread
         self.gen = None
         self.sleep_id = 0
-        #: Embedded: its lock file was removed underneath; checked: a keeper renewal ran since.
+        #: Embedded: its lock file was removed underneath; checked: a keeper renewal succeeded since.
         self.doomed = False
         self.doomed_checked = False
         self.stopped = False
@@ -418,7 +418,38 @@ class Checker:
     def fail(self, what: str) -> None:
         raise Violation(what)
 
-    def mint(self, p: Proc, h: Held, t0_mono: int, t0_true: int, first: int, count: int) -> None:
+    def stale(self, h: Held, t0_mono: int, t0_true: int) -> tuple[str, str] | None:
+        """Why an owner must not start a mint now (fenced, or known to be stale), or None.
+
+        Judged when the call starts, which is when the minter checks its fence: a
+        call that passed its checks may be paused inside (before its wall-clock
+        read) while the keeper learns the lease is lost; what it then mints lies
+        inside the reservation it had, which the next owner waits out. So the
+        judgement is of the state at the call's start, for both stores.
+        """
+        w = self.w
+        if w.kind == "etcd" and not w.partition_minting:
+            # Minting on without renewals, inside the reservation, is what partition minting is for.
+            lid = h.lease.lease_id
+            sent = w.renewed.get(lid)
+            if sent is None or t0_mono > sent + w.fence_ns:
+                return (
+                    "fenced owner minted",
+                    f"at mono {t0_mono} with the last renewal it was told succeeded sent at {sent} "
+                    f"(fence {w.fence_ns} ns)",
+                )
+            lease = w.etcd.leases.get(lid)
+            if lease is None or lease[1] <= t0_true:
+                return "stale owner minted", "after its etcd lease expired"
+        if w.kind == "etcd" and h.lease.lease_id in w.told_lost:
+            return "stale owner minted", "after etcd said its lease is gone"
+        if h.doomed_checked:
+            return "stale owner minted", "after its lock file was removed and a renewal of its lease succeeded since"
+        if h.keeper.lost is not None:
+            return "stale owner minted", "after its keeper found it lost"
+        return None
+
+    def mint(self, p: Proc, h: Held, stale: tuple[str, str] | None, first: int, count: int) -> None:
         w = self.w
         wid = h.lease.worker_id
         token = h.lease.token
@@ -434,31 +465,8 @@ class Checker:
         got_region = (first >> self.region_shift) & self.max_region
         if got_wid != wid or got_region != w.region:
             self.fail(f"worker ID {wid} minted ID {first} of worker ID {got_wid} region {got_region}")
-        # Fenced or stale?
-        if w.kind == "etcd":
-            lid = h.lease.lease_id
-            sent = w.renewed.get(lid)
-            if w.partition_minting:
-                pass  # minting on without renewals, inside the reservation, is what the mode is for
-            elif sent is None or t0_mono > sent + w.fence_ns:
-                self.fail(
-                    f"fenced owner minted: worker ID {wid} token {token} minted at mono {t0_mono} with the last "
-                    f"renewal it was told succeeded sent at {sent} (fence {w.fence_ns} ns)"
-                )
-            lease = w.etcd.leases.get(lid)
-            if w.partition_minting:
-                pass
-            elif lease is None or lease[1] <= t0_true:
-                self.fail(f"stale owner minted: worker ID {wid} token {token} minted after its etcd lease expired")
-            if lid in w.told_lost:
-                self.fail(f"stale owner minted: worker ID {wid} token {token} minted after etcd said its lease is gone")
-        elif h.doomed_checked:
-            self.fail(
-                f"stale owner minted: worker ID {wid} token {token} minted after its lock file was removed and its "
-                "keeper had checked the lease since"
-            )
-        if h.keeper.lost is not None:
-            self.fail(f"stale owner minted: worker ID {wid} token {token} minted after its keeper found it lost")
+        if stale is not None:
+            self.fail(f"{stale[0]}: worker ID {wid} token {token} minted {stale[1]}")
         # Above the persisted mark?
         persisted = w.persisted_mark(wid)
         if ms > persisted:
@@ -787,8 +795,7 @@ class World:
             h = ready[p.rr]
             m = h.minter
             before = (m.last_ms, m.seq)
-            t0_mono = p.node.clock.mono()
-            t0_true = self.T
+            stale = self.checker.stale(h, p.node.clock.mono(), self.T)
             try:
                 if after is None:
                     first, count = m.reserve(n)
@@ -803,7 +810,7 @@ class World:
                 self.checker.refused(h, before, err)
                 self.counts["refused"] += 1
                 return
-            self.checker.mint(p, h, t0_mono, t0_true, first, count)
+            self.checker.mint(p, h, stale, first, count)
             if len(self.last_ids) < 64:
                 self.last_ids.append(first)
             else:
@@ -927,6 +934,10 @@ class World:
     def keeper_step(self, p: Proc, h: Held, sleep_id: int) -> None:
         if h.stopped or h.gen is None or sleep_id != h.sleep_id:
             return
+        # A lock file removed before this step began, and a renewal that succeeds
+        # in it: the check missed the removal. (One removed while the renewal
+        # runs, after its check, is found by the next.)
+        doomed, renewals = h.doomed, h.keeper.renewals
         try:
             delay = next(h.gen)
         except StopIteration:
@@ -937,7 +948,7 @@ class World:
             return
         finally:
             self.marks_dirty = True
-            if h.doomed:
+            if doomed and h.keeper.renewals > renewals:
                 h.doomed_checked = True
         h.sleep_id += 1
         self.at(self.T + max(int(delay * NS / p.node.clock.rate), 1), h.thread, self.keeper_step, p, h, h.sleep_id)

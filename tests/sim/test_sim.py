@@ -112,3 +112,97 @@ def test_the_keeper_loop_must_still_sleep_where_the_simulator_can_resume_it():
             sim.keeper_steps_function()
     finally:
         sim.source_of = real
+
+
+# -- regression scenarios: what a seed once found, scripted so it keeps its meaning ------
+
+
+def _ready_world(kind: str):
+    """A world of one process that holds one ready worker ID, with no random faults."""
+    world = sim.World(11, kind=kind, policy="wait")
+    p = world.procs[0]
+    world.procs = [p]
+    p.node.procs = [p]
+    world.nodes = [p.node]
+    p.config = world.config = sim.Config(**{**world.config_kwargs, "ids_per_worker": 1})
+    world.request_gap_ns = 10**12  # requests only when the test makes them
+    world.last_ids = []
+    world.counts.update(refused=0, claims=0)
+    world.start(p)
+    for _ in range(400):
+        world.run_until(world.T + 50 * sim.MS)
+        if p.ready:
+            return world, p, p.ready[0]
+    raise AssertionError("the process never became ready")
+
+
+def _mint_now(world, p):
+    """One request from the process's loop, as the simulator makes them (no timer turn first)."""
+    p.dirty, p.next_tick = False, p.node.clock.mono() + 10**12
+    world.current = p.loop
+    try:
+        world.request(p)
+    finally:
+        world.current = None
+
+
+def test_a_mint_paused_after_its_checks_while_its_lock_file_is_removed_is_judged_when_it_started():
+    # Seeds 20261746 and 3000387 (embedded): a mint passed its fence check, its
+    # process was paused inside the call (before the wall-clock read), the lock
+    # file was removed and the keeper found the lease lost before the mint
+    # returned. The checker judged that mint by the state at its end and called
+    # it stale; what it minted lies inside the reservation it had, which any next
+    # owner waits out. A mint that starts after the loss is refused by the minter.
+    try:
+        world, p, h = _ready_world("embedded")
+        wid = h.lease.worker_id
+        mints = world.checker.mints
+        # Longer than a keep-alive interval, shorter than the reservation window.
+        cfg = world.config
+        p.pause_in_call = int((cfg.keepalive_interval_s + cfg.reservation_window_s) / 2 * sim.NS)
+        lock = Path(world.tmp) / "regions" / str(world.region) / f"worker-{wid}.lock"
+        world.at(world.T + sim.NS, None, lambda: (lock.unlink(), setattr(h, "doomed", True)))
+        _mint_now(world, p)
+        assert world.checker.mints == mints + 1  # it minted, and that is no violation
+        assert h.keeper.lost is not None and "lock file" in str(h.keeper.lost)
+        before = (h.minter.last_ms, h.minter.seq)
+        with pytest.raises(sim.Fenced):
+            h.minter.reserve(1)  # the next call, started after the loss, is refused
+        assert (h.minter.last_ms, h.minter.seq) == before
+    finally:
+        world.close()
+
+
+def test_a_renewal_that_succeeds_after_the_lock_file_was_removed_is_a_violation():
+    # The other half of the judgement: a check that misses the removal is caught
+    # at the next mint (the embedded-lock-not-rechecked mutant, scripted).
+    try:
+        world, p, h = _ready_world("embedded")
+        h.keeper.lease.check = lambda: None  # the holder no longer re-checks its lock
+        lock = Path(world.tmp) / "regions" / str(world.region) / f"worker-{h.lease.worker_id}.lock"
+        lock.unlink()
+        h.doomed = True
+        world.run_until(world.T + 3 * sim.NS)  # keep-alives run, and succeed
+        with pytest.raises(sim.Violation, match="a renewal of its lease succeeded since"):
+            for _ in range(50):
+                _mint_now(world, p)
+                world.run_until(world.T + 10 * sim.MS)
+    finally:
+        world.close()
+
+
+@pytest.mark.parametrize(
+    "seed,kind",
+    [
+        (20261746, None),
+        (3000387, "embedded"),
+        (7104997, "embedded"),
+        (7314336, "embedded"),
+        (7733357, "embedded"),
+        (7210280, "etcd"),
+        (7316429, "etcd"),
+    ],
+)
+def test_seeds_that_once_found_a_violation_stay_clean(seed, kind):
+    result = sim.run_schedule(seed, kind=kind)
+    assert result["violation"] is None and result["mints"] > 0, result
