@@ -475,6 +475,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     passed = {p["worker_id"]: p["reason"] for w in status["workers"] for p in w.get("passed_over") or ()}
     for worker_id, reason in sorted(passed.items()):
         print(f"passed over worker ID {worker_id}: {reason}")
+    for problem in sorted({w["store_problem"] for w in status["workers"] if w.get("store_problem")}):
+        print(f"STORE WENT BACK: {problem}")
     return 0
 
 

@@ -179,6 +179,13 @@ class Config:
     node_name: str = setting(
         "", "This node's name in the cluster's membership; by default its first advertised endpoint.", metavar="NAME"
     )
+    max_clock_skew_ms: int = setting(
+        1000,
+        "The most any two nodes' wall clocks of one etcd cluster may differ (NTP keeps them within "
+        "milliseconds; 1 s allows for a bad day). A worker ID whose state the store has forgotten is "
+        "claimed only after its reservation window plus this much; embedded mode (one clock) ignores it.",
+        metavar="MS",
+    )
     max_peer_offset_ms: int = setting(
         0,
         "Leave rotation while the clock disagrees with a majority of the cluster by more than this; 0 only measures.",
@@ -286,6 +293,8 @@ class Config:
             raise ConfigError("max_ahead_ms must be below the reservation window, or minting ahead would outrun it")
         if self.max_peer_offset_ms < 0:
             raise ConfigError("max_peer_offset_ms must be >= 0")
+        if not 0 <= self.max_clock_skew_ms <= 3_600_000:
+            raise ConfigError(f"max_clock_skew_ms must be 0..3600000, got {self.max_clock_skew_ms}")
         if self.curve_allow and not self.curve_secret_key:
             raise ConfigError("curve_allow needs curve_secret_key")
         if self.max_clock_error_ms < 0 or self.forward_jump_ms < 1:

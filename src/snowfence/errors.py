@@ -166,6 +166,13 @@ class LeaseLost(SnowfenceError):
     retriable = True
 
 
+class StoreWentBack(SnowfenceError):
+    """The store has forgotten or gone back on what this node saw it hold; claims wait for an operator."""
+
+    code = "store_went_back"
+    retriable = True
+
+
 class EtcdUnavailable(SnowfenceError):
     """etcd did not answer within the deadline."""
 

@@ -14,6 +14,7 @@ form one contiguous integer range.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -215,6 +216,11 @@ class Layout:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def digest(self) -> str:
+        """A short hash of the layout, carried by every mark: a mark of another layout is not ours."""
+        canonical = ",".join(f"{k}={v}" for k, v in sorted(self.to_dict().items()))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     @classmethod
     def from_dict(cls, data: dict) -> Layout:

@@ -462,6 +462,8 @@ class WorkerState:
     clock_ahead_ms: int | float = 0
     #: Worker IDs the store passed over when claiming: ``worker_id`` and ``reason`` each.
     passed_over: list = field(default_factory=list)
+    #: What the store forgot or went back on, by the node's journal: claims are refused until a restore is accepted.
+    store_problem: str | None = None
 
     _KINDS = {
         "slot": (int,),
@@ -476,6 +478,7 @@ class WorkerState:
         "kernel_clock": (dict,),
         "clock_ahead_ms": _NUMBER,
         "passed_over": (list,),
+        "store_problem": (str,),
     }
 
     @classmethod

@@ -640,6 +640,7 @@ class Router:
                 "reason": st.reason,
                 "counters": st.counters,
                 "passed_over": st.passed_over,
+                "store_problem": st.store_problem,
             }
             if not st.held:
                 workers.append({"worker_id": None, "state": "silent" if link.silent else st.state, **base})

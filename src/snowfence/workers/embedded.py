@@ -2,11 +2,12 @@
 
 Layout of the state directory::
 
-    layout.json                        the ID layout this directory serves
+    layout.json                        the ID layout and the store's genesis (see genesis.py)
     regions/<r>/                       flock(2)ed briefly around every read-compare-write of a mark
     regions/<r>/worker-<w>.lock        flock(2)ed by the worker holding worker ID w
-    regions/<r>/worker-<w>.mark        {"reserved_until_ms", "token", "holder", ..., "checksum"}
+    regions/<r>/worker-<w>.mark        {"reserved_until_ms", "token", "rev", "store", "layout", ..., "checksum"}
     last-worker-id/<ns>/<node>/slot-N  "<worker ID> <token>" a worker slot claimed last
+    journal/embedded.json              what the node's processes saw the store hold (see journal.py)
 
 The kernel releases a flock when its process dies, so a crashed worker's ID
 frees at once; its mark stays and makes the next owner wait until the wall
@@ -16,28 +17,39 @@ over the old one, and the directory fsynced, before the minter may use them.
 The store does not trust its own belief that it holds a worker ID, as etcd does
 not trust a stale lease: before every write of the mark, and on the keeper's
 timer, the holder checks that the file it holds the lock on is still the lock
-file at the path (device and inode) and that the mark still carries its token.
-The check and the write happen under the region directory's flock, which every
-claim takes too, so a second process that locked a new lock file at the same
-path (the old one deleted) and a holder of the old one cannot interleave: one
-of them sees the other's token and drops the worker ID.
+file at the path (device and inode) and that the mark is the one it wrote (its
+token and its revision). The check and the write happen under the region
+directory's flock, which every claim takes too, so a second process that locked
+a new lock file at the same path (the old one deleted) and a holder of the old
+one cannot interleave: one of them sees the other's token and drops the worker ID.
+
+Files can be deleted; the kernel's own records cannot. A holder also keeps an
+abstract unix socket bound, named after the state directory's path, its region
+and the worker ID: the kernel frees the name when the process dies, and no file
+operation touches it. A claimer that finds the name taken passes over the worker
+ID, whatever the directory says: so a state directory wiped under live holders
+gives their worker IDs to nobody else while they run.
 
 State that is missing or inconsistent is never read as "fresh". A worker ID is
 passed over, with the reason logged and shown in ``snowfence status``, when its
 lock file exists without a mark, when its mark cannot be parsed or fails its
-checksum, or when its mark's token is below one a worker recorded when it
-claimed it. A worker ID never used has neither file: its mark is written before
-its lock file is created, so a crash between the two leaves a usable worker ID.
+checksum, when its mark's token is below one a worker recorded when it claimed
+it, or when its mark is of another layout. A worker ID without a mark is never
+used only if the genesis record says so (its ``used`` set); otherwise it is
+unknown, and its claim waits out a quarantine. A mark whose revision is below
+the one the journal saw was put back from an older copy: refused by name.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import dataclasses
 import errno
 import fcntl
+import hashlib
 import logging
 import os
+import socket
 import threading
 import time
 import zlib
@@ -50,6 +62,9 @@ import orjson
 from ..errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from ..ids import Layout
 from ..logs import event
+from .durable import _fsync_dir, _tmp_name, _write_synced, write_atomic
+from .genesis import Genesis
+from .journal import Journal
 from .lease import Lease, PreferenceFile, Store, embedded_namespace
 
 log = logging.getLogger("snowfence.embedded")
@@ -75,7 +90,9 @@ UNSAFE_FILESYSTEMS = {
     0x47504653: "GPFS",
 }
 
+#: The fields of a mark of an older release (before genesis records), and of this one.
 _MARK_FIELDS = ("holder", "reserved_until_ms", "reserved_until_unix_ms", "token")
+_MARK_FIELDS_V2 = (*_MARK_FIELDS, "rev", "store", "layout")
 
 
 def filesystem_type(path: str | os.PathLike) -> int | None:
@@ -90,50 +107,10 @@ def filesystem_type(path: str | os.PathLike) -> int | None:
     return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # f_type is the first field
 
 
-def _fsync_dir(path: Path) -> None:
-    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    """Create or truncate ``path``, write ``data`` in full, fsync; remove it on failure."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise
-    os.close(fd)
-
-
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` durably: temp file, fsync, rename, fsync dir."""
-    tmp = _tmp_name(path)
-    _write_synced(tmp, data)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
 def mark_checksum(doc: dict) -> str:
     """The checksum a mark carries: CRC-32 of its other fields, canonically encoded."""
-    canonical = orjson.dumps({k: doc.get(k) for k in _MARK_FIELDS}, option=orjson.OPT_SORT_KEYS)
+    fields = _MARK_FIELDS_V2 if "rev" in doc else _MARK_FIELDS
+    canonical = orjson.dumps({k: doc.get(k) for k in fields}, option=orjson.OPT_SORT_KEYS)
     return f"crc32:{zlib.crc32(canonical):08x}"
 
 
@@ -144,6 +121,11 @@ class Mark:
     holder: str
     #: False for a mark written before marks carried a checksum.
     checked: bool = True
+    #: Raised by one at every write: a copy put back has a lower one. 0 in older releases' marks.
+    rev: int = 0
+    #: The genesis store ID and the layout digest it was written under; None in older releases' marks.
+    store: str | None = None
+    layout: str | None = None
 
 
 class RegionLock:
@@ -221,6 +203,9 @@ class FileLease(Lease):
         token: int,
         mark_ms: int,
         holder: str,
+        *,
+        rev: int = 0,
+        witness: socket.socket | None = None,
     ) -> None:
         super().__init__(store.region, worker_id, token, mark_ms)
         self._store = store
@@ -229,6 +214,10 @@ class FileLease(Lease):
         #: (st_dev, st_ino) of the lock file we hold the flock on.
         self.lock_id = lock_id
         self.holder = holder
+        #: The revision of the mark we wrote last: the mark at the path must still be it.
+        self.rev = rev
+        #: The abstract socket that tells other claimers, through the kernel, that we hold it.
+        self._witness = witness
 
     def _lost(self, why: str) -> LeaseLost:
         event(
@@ -260,6 +249,7 @@ class FileLease(Lease):
             raise StateDirError(f"cannot check the lock file {lock_path}: {exc.strerror or exc}") from None
         if (st.st_dev, st.st_ino) != self.lock_id:
             raise self._lost(f"its lock file {lock_path} was replaced by another file")
+        mark = None
         try:
             mark = self._store.mark(self.worker_id)
         except WorkerIdUnusable as exc:
@@ -273,16 +263,27 @@ class FileLease(Lease):
                 )
             elif mark.token < self.token:
                 problem = f"its mark was rolled back to token {mark.token}"
+            elif mark.rev < self.rev:
+                problem = f"its mark was put back from an older copy (revision {mark.rev}, ours is {self.rev})"
             elif mark.reserved_until_ms < self.reserved_until_ms:
                 problem = f"its mark was set back to {mark.reserved_until_ms} ms, below our {self.reserved_until_ms} ms"
+            elif (mark.rev, mark.reserved_until_ms, mark.store) != (self.rev, self.reserved_until_ms, self._store_id):
+                problem = f"its mark was changed (revision {mark.rev} at {mark.reserved_until_ms} ms)"
             else:
                 return
         try:
-            self._store.write_mark(self.worker_id, self.reserved_until_ms, self.token, self.holder)
+            rev = max(self.rev, mark.rev if mark is not None else 0) + 1
+            self._store.write_mark(self.worker_id, self.reserved_until_ms, self.token, self.holder, rev=rev)
+            self.rev = rev
             problem += f"; restored it to {self.reserved_until_ms} ms"
         except OSError as exc:
             problem += f"; could not restore it ({exc.strerror or exc})"
         raise self._lost(problem)
+
+    @property
+    def _store_id(self) -> str:
+        genesis = self._store.genesis
+        return genesis.store_id if genesis is not None else ""
 
     def refresh(self) -> None:
         with self._store.region_lock():
@@ -293,11 +294,14 @@ class FileLease(Lease):
         try:
             with self._store.region_lock():
                 self.check()
-                self._store.write_mark(self.worker_id, mark_ms, self.token, self.holder)
+                self._store.write_mark(self.worker_id, mark_ms, self.token, self.holder, rev=self.rev + 1)
+                self.rev += 1
         except OSError as exc:
             raise StateDirError(
                 f"cannot persist the mark of worker ID {self.worker_id}: {exc.strerror or exc}"
             ) from None
+        # The journal is written before the minter may use the new mark: it is never behind it.
+        self._store.journal.note_mark(self.region, self.worker_id, self.rev, mark_ms)
 
     def extend(self, until_ms: int) -> None:
         self._checked_write(until_ms)
@@ -320,9 +324,12 @@ class FileLease(Lease):
         # here: the descriptor is taken once, so it is closed once.
         with self._abandon_lock:
             fd, self._fd = self._fd, -1
+            witness, self._witness = self._witness, None
             self.released = True
         if fd >= 0:
             os.close(fd)  # closing the descriptor drops the flock
+        if witness is not None:
+            witness.close()  # and the kernel's name: claimers may try it again
 
     def describe(self) -> dict:
         return {**super().describe(), "store": "embedded"}
@@ -338,11 +345,21 @@ class FileStore(Store):
         region: int,
         *,
         allow_unsafe_filesystem: bool = False,
+        window_ms: int = 5000,
+        journal: Journal | None = None,
     ) -> None:
         self.root = Path(state_dir)
         self.layout = layout
         self.region = layout.check_region(region)
         self.dir = self.root / "regions" / str(region)
+        #: This node's reservation window: recorded in the genesis if it is the longest.
+        self.window_ms = window_ms
+        #: The store's genesis record, read (or written) by :meth:`check_layout`.
+        self.genesis: Genesis | None = None
+        #: The witness outside the store's records: shared by the processes on this state directory.
+        self.journal = journal if journal is not None else Journal(self.root, "embedded")
+        #: Names of the kernel's witnesses: the state directory as its path names it.
+        self._witness_prefix = "snowfence:" + hashlib.sha256(os.fsencode(os.path.realpath(self.root))).hexdigest()[:24]
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             probe = self.dir / f".writable.{os.getpid()}.{threading.get_ident()}"
@@ -368,44 +385,131 @@ class FileStore(Store):
             )
         event(log, "unsafe_filesystem_allowed", f"{what}; allowed by allow_unsafe_filesystem", level=logging.WARNING)
 
-    # -- the layout -----------------------------------------------------------------
+    # -- the layout and the genesis ------------------------------------------------------
 
-    def _read_layout(self, path: Path) -> Layout | None:
+    def _layout_path(self) -> Path:
+        return self.root / "layout.json"
+
+    def read_genesis(self) -> Genesis | None:
+        """The genesis record in layout.json; None if there is none. Raises StateDirError if unreadable."""
+        path = self._layout_path()
         try:
-            return Layout.from_dict(orjson.loads(path.read_bytes()))
+            return Genesis.from_dict(orjson.loads(path.read_bytes()))
         except FileNotFoundError:
             return None
         except (OSError, orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError) as exc:
             raise StateDirError(f"{path} is unreadable: {exc}") from None
 
+    def _write_genesis(self, genesis: Genesis) -> None:
+        try:
+            write_atomic(self._layout_path(), orjson.dumps(genesis.to_dict(), option=orjson.OPT_INDENT_2))
+        except OSError as exc:
+            raise StateDirError(f"cannot record the genesis in {self._layout_path()}: {exc.strerror or exc}") from None
+
+    def root_lock(self) -> RegionLock:
+        """The state directory's flock, held around every change of the genesis record
+        (taken after a region's lock, never before it)."""
+        return RegionLock(self.root)
+
+    def _mark_files(self) -> list[Path]:
+        try:
+            return sorted((self.root / "regions").glob("*/worker-*.mark"))
+        except OSError:
+            return []
+
     def check_layout(self, layout: Layout) -> None:
-        path = self.root / "layout.json"
-        recorded = self._read_layout(path)
+        """Read the genesis record, or write it on a new store; check the layout and the journal.
+
+        A layout record that is gone while marks remain is never taken for a new
+        store; nor one that is gone while the journal shows this store held IDs.
+        """
+        path = self._layout_path()
+        recorded = self.read_genesis()
         if recorded is None:
+            marks = self._mark_files()
+            if marks:
+                raise StateDirError(
+                    f"{path} is missing, but {len(marks)} mark files remain (such as {marks[0]}): the layout those "
+                    "IDs were minted with is unknown, so this node will not start; put the layout record back"
+                )
+            if self.journal.has_history:
+                self.journal.check_genesis(None)  # raises: the store forgot what the journal saw
             # First start: record ours by an exclusive create of a complete file
             # (link(2) fails if the name exists), so of two nodes starting at once
-            # exactly one records its layout and the other reads it back.
+            # exactly one records its genesis and the other reads it back.
+            now_unix_ms = time.time_ns() // 1_000_000
+            genesis = Genesis.create(layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms)
             tmp = _tmp_name(path)
             try:
-                _write_synced(tmp, orjson.dumps(layout.to_dict(), option=orjson.OPT_INDENT_2))
+                _write_synced(tmp, orjson.dumps(genesis.to_dict(), option=orjson.OPT_INDENT_2))
                 try:
                     os.link(tmp, path)
                 except FileExistsError:
                     pass
+                else:
+                    event(log, "store_created", f"new store {genesis.store_id} in {self.root}", store=genesis.store_id)
                 finally:
                     os.unlink(tmp)
                 _fsync_dir(self.root)
             except OSError as exc:
                 raise StateDirError(f"cannot record the layout in {path}: {exc.strerror or exc}") from None
-            recorded = self._read_layout(path)
+            recorded = self.read_genesis()
             if recorded is None:
                 raise StateDirError(f"{path} vanished right after it was recorded")
-        if recorded != layout:
+        if recorded.layout != layout:
             raise LayoutMismatch(
-                f"state directory {self.root} was created for layout [{recorded.describe()}] "
+                f"state directory {self.root} was created for layout [{recorded.layout.describe()}] "
                 f"but this node is configured for [{layout.describe()}]; IDs from two layouts "
                 "could collide, so this node will not start"
             )
+        if not recorded.upgraded or recorded.window_ms < self.window_ms:
+            recorded = self._amend_genesis(lambda g: g)
+        self.journal.check_genesis(recorded)
+        self.genesis = recorded
+
+    def _amend_genesis(self, change) -> Genesis:
+        """Re-read the genesis under the root lock, upgrade an older release's record, raise
+        the window to ours, apply ``change``, and write it back if anything changed."""
+        with self.root_lock():
+            genesis = self.read_genesis()
+            if genesis is None:
+                raise StateDirError(f"{self._layout_path()} was removed while this node used it")
+            before = genesis
+            if not genesis.upgraded:
+                # An older release's store: every worker ID with a mark was used; marks
+                # without a store ID are its own (legacy).
+                used = {}
+                for mark in self._mark_files():
+                    region, name = mark.parent.name, mark.name
+                    if region.isdigit() and name[7:-5].isdigit():
+                        used.setdefault(int(region), set()).add(int(name[7:-5]))
+                genesis = dataclasses.replace(
+                    Genesis.create(genesis.layout, now_unix_ms=time.time_ns() // 1_000_000, window_ms=0),
+                    used={r: frozenset(ws) for r, ws in used.items()},
+                    legacy=True,
+                )
+                event(
+                    log,
+                    "store_upgraded",
+                    f"upgraded the layout record of {self.root} to a genesis record (store {genesis.store_id}); "
+                    "nodes of older releases can no longer start on it",
+                    level=logging.WARNING,
+                    store=genesis.store_id,
+                )
+            if genesis.window_ms < self.window_ms:
+                genesis = dataclasses.replace(genesis, window_ms=self.window_ms)
+            genesis = change(genesis)
+            if genesis != before:
+                self._write_genesis(genesis)
+            return genesis
+
+    def quarantine_ms(self) -> int:
+        """How far past the moment it is seen a worker ID of unknown state stays unused: the
+        longest reservation window any node of this store used (one host: no clock skew)."""
+        windows = [self.window_ms, self.journal.window_ms]
+        if self.genesis is not None:
+            windows.append(self.genesis.window_ms)
+        return max(windows)
 
     # -- marks ----------------------------------------------------------------------
 
@@ -443,27 +547,34 @@ class FileStore(Store):
             raise WorkerIdUnusable(f"mark file {mark_path} cannot be parsed ({exc})") from None
         checksum = doc.get("checksum")
         if checksum is not None:
-            if checksum != mark_checksum(doc) or set(doc) != {*_MARK_FIELDS, "checksum"}:
+            fields = _MARK_FIELDS_V2 if "rev" in doc else _MARK_FIELDS
+            if checksum != mark_checksum(doc) or set(doc) != {*fields, "checksum"}:
                 raise WorkerIdUnusable(f"mark file {mark_path} fails its checksum")
         elif set(doc) != set(_MARK_FIELDS) or not isinstance(holder, str):
             # A mark from before marks carried checksums must at least be exactly what we wrote then.
             raise WorkerIdUnusable(f"mark file {mark_path} has no checksum and unexpected fields")
         if doc["reserved_until_unix_ms"] != ms + self.layout.epoch_ms:
             raise WorkerIdUnusable(f"mark file {mark_path} is inconsistent: its two times disagree")
-        return Mark(ms, token, holder, checked=checksum is not None)
+        rev, store, layout = doc.get("rev", 0), doc.get("store"), doc.get("layout")
+        if "rev" in doc and not (type(rev) is int and rev >= 0 and isinstance(store, str) and isinstance(layout, str)):
+            raise WorkerIdUnusable(f"mark file {mark_path} cannot be parsed (rev, store or layout is damaged)")
+        return Mark(ms, token, holder, checked=checksum is not None, rev=rev, store=store, layout=layout)
 
     def read_mark(self, worker_id: int) -> tuple[int, int]:
         """``(reserved_until_ms, token)`` of a worker ID; ``(0, 0)`` if it has no mark."""
         mark = self.mark(worker_id)
         return (0, 0) if mark is None else (mark.reserved_until_ms, mark.token)
 
-    def write_mark(self, worker_id: int, mark_ms: int, token: int, holder: str) -> None:
+    def write_mark(self, worker_id: int, mark_ms: int, token: int, holder: str, *, rev: int = 0) -> None:
         _, mark_path = self.paths(worker_id)
         doc = {
             "reserved_until_ms": mark_ms,
             "reserved_until_unix_ms": mark_ms + self.layout.epoch_ms,
             "token": token,
             "holder": holder,
+            "rev": rev,
+            "store": self.genesis.store_id if self.genesis is not None else "",
+            "layout": self.layout.digest(),
         }
         doc["checksum"] = mark_checksum(doc)
         write_atomic(mark_path, orjson.dumps(doc))
@@ -498,7 +609,85 @@ class FileStore(Store):
             raise StateDirError(f"cannot lock {lock_path}: {exc.strerror or exc}") from None
         return fd
 
-    def try_claim(self, worker_id: int, holder: str, max_mark_ms: int | None) -> FileLease | None:
+    def _bind_witness(self, worker_id: int) -> socket.socket | None:
+        """The kernel's witness that this process holds ``worker_id``; None if a live process holds it."""
+        name = f"\0{self._witness_prefix}:{self.region}:{worker_id}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(name)
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                return None
+            raise StateDirError(f"cannot bind the holder's witness socket for worker ID {worker_id}: {exc}") from None
+        return sock
+
+    def try_claim(
+        self, worker_id: int, holder: str, max_mark_ms: int | None, now_ms: int | None = None
+    ) -> FileLease | None:
+        witness = self._bind_witness(worker_id)
+        if witness is None:
+            return None  # a live process holds it, whatever the files say
+        try:
+            lease = self._claim(worker_id, holder, max_mark_ms, now_ms, witness)
+        except BaseException:
+            witness.close()
+            raise
+        if lease is None:
+            witness.close()
+        return lease
+
+    def _unknown_floor(self, worker_id: int, now_ms: int | None, why: str) -> int:
+        """The floor of a worker ID whose state is unknown: a quarantine from now."""
+        now_ms = time.time_ns() // 1_000_000 - self.layout.epoch_ms if now_ms is None else now_ms
+        floor = now_ms + self.quarantine_ms()
+        event(
+            log,
+            "worker_id_unknown",
+            f"worker ID {worker_id}: {why}; its claim mints nothing for {self.quarantine_ms()} ms (quarantine)",
+            level=logging.WARNING,
+            worker_id=worker_id,
+            quarantine_ms=self.quarantine_ms(),
+        )
+        return floor
+
+    def _first_mark(self, worker_id: int, holder: str, now_ms: int | None) -> None:
+        """Write the mark of a worker ID that has neither lock nor mark (under the region lock).
+
+        Never used, if the genesis says so; then it is marked used first, so a
+        crash before the mark is written leaves it unknown, never fresh.
+        """
+        _, mark_path = self.paths(worker_id)
+        floor = self.recorded_tokens().get(worker_id, 0)
+        if floor:
+            raise WorkerIdUnusable(
+                f"worker ID {worker_id} has neither lock nor mark, but token {floor} was recorded "
+                "for it: its state was deleted"
+            )
+        used_before = []
+
+        def mark_used(genesis: Genesis) -> Genesis:
+            used_before.append(genesis.is_used(self.region, worker_id))
+            return genesis.using(self.region, worker_id)
+
+        genesis = self.genesis = self._amend_genesis(mark_used)
+        known_ms = self.journal.floor_ms(self.region, worker_id, gone=True)
+        if used_before[0] or known_ms >= 0:
+            witness = "genesis record says it was used" if used_before[0] else "journal saw it"
+            why = f"its mark is gone, but the {witness}"
+            mark_ms = max(known_ms, self._unknown_floor(worker_id, now_ms, why))
+        else:
+            mark_ms = genesis.quarantine_until_ms
+        # Its mark comes before its lock file, so a crash before the lock file exists
+        # leaves a mark without a lock, which is usable.
+        try:
+            self.write_mark(worker_id, mark_ms, 0, holder)
+        except OSError as exc:
+            raise StateDirError(f"cannot write mark file {mark_path}: {exc.strerror or exc}") from None
+
+    def _claim(
+        self, worker_id: int, holder: str, max_mark_ms: int | None, now_ms: int | None, witness: socket.socket
+    ) -> FileLease | None:
         lock_path, mark_path = self.paths(worker_id)
         with self.region_lock():
             try:
@@ -506,18 +695,7 @@ class FileStore(Store):
             except FileNotFoundError:
                 fd = None
                 if self.mark(worker_id) is None:
-                    floor = self.recorded_tokens().get(worker_id, 0)
-                    if floor:
-                        raise WorkerIdUnusable(
-                            f"worker ID {worker_id} has neither lock nor mark, but token {floor} was recorded "
-                            "for it: its state was deleted"
-                        ) from None
-                    # Never used. Its mark comes first, so a crash before the lock file
-                    # exists leaves a mark without a lock, which is usable.
-                    try:
-                        self.write_mark(worker_id, 0, 0, holder)
-                    except OSError as exc:
-                        raise StateDirError(f"cannot write mark file {mark_path}: {exc.strerror or exc}") from None
+                    self._first_mark(worker_id, holder, now_ms)
                 # The mark exists (its lock file was deleted, or never created).
                 fd = self._lock(lock_path, create=True)
             if fd is None:
@@ -538,18 +716,35 @@ class FileStore(Store):
                         f"mark of worker ID {worker_id} carries token {mark.token}, below token {floor} "
                         "recorded when it was claimed: the mark was rolled back"
                     )
+                if mark.layout is not None and mark.layout != self.layout.digest():
+                    raise WorkerIdUnusable(
+                        f"mark of worker ID {worker_id} was written under another layout ({mark.layout}): "
+                        "its milliseconds are not ours to compare"
+                    )
+                self.journal.check_mark(self.region, worker_id, mark.rev, mark.reserved_until_ms)
                 if max_mark_ms is not None and mark.reserved_until_ms > max_mark_ms:
                     os.close(fd)
                     return None
-                token = mark.token + 1
-                self.write_mark(worker_id, mark.reserved_until_ms, token, holder)  # rewritten with a checksum
+                mark_ms = max(
+                    mark.reserved_until_ms,
+                    self.journal.floor_ms(self.region, worker_id),
+                    self.genesis.quarantine_until_ms,
+                )
+                if mark.store is None and not self.genesis.legacy:
+                    mark_ms = max(mark_ms, self._unknown_floor(worker_id, now_ms, "its mark has no store ID"))
+                elif mark.store is not None and mark.store != self.genesis.store_id:
+                    why = f"its mark belongs to store {mark.store or '(none)'}, not this one"
+                    mark_ms = max(mark_ms, self._unknown_floor(worker_id, now_ms, why))
+                token, rev = mark.token + 1, mark.rev + 1
+                self.write_mark(worker_id, mark_ms, token, holder, rev=rev)  # rewritten with a checksum
+                self.journal.note_mark(self.region, worker_id, rev, mark_ms)
             except OSError as exc:
                 os.close(fd)
                 raise StateDirError(f"cannot claim worker ID {worker_id}: {exc.strerror or exc}") from None
             except BaseException:
                 os.close(fd)
                 raise
-        return FileLease(self, fd, (st.st_dev, st.st_ino), worker_id, token, mark.reserved_until_ms, holder)
+        return FileLease(self, fd, (st.st_dev, st.st_ino), worker_id, token, mark_ms, holder, rev=rev, witness=witness)
 
     def describe(self) -> dict:
         return {"store": "embedded", "state_dir": str(self.root)}

@@ -2,18 +2,26 @@
 
 Keys, under ``/snowfence/<cluster>/``::
 
-    layout                        the cluster's ID layout (JSON), written by the first node
+    layout                        the cluster's ID layout and the store's genesis (see genesis.py)
     nodes/<node>                  a live node's entry (endpoints, region, worker IDs...), under its own lease
     regions/<region>              a region number this cluster's nodes use (no lease: it stays)
     workers/<region>/<worker>     the claim: holder (JSON), attached to a 10 s lease
-    marks/<region>/<worker>       {"reserved_until_ms", "token", "holder"}: no lease, it outlives owners
+    marks/<region>/<worker>       {"reserved_until_ms", "token", "holder", "store", "layout"}: no lease,
+                                  it outlives owners
 
-A claim is one transaction: ``create_revision(claim) == 0 -> put(claim, lease),
-get(claim), get(mark)``. The claim key's ``create_revision`` is the fencing
-token; every later write (extending or lowering the mark, releasing) is a
-transaction guarded by ``create_revision(claim) == token``, so an owner that
-lost its lease, even one that was paused and does not know it yet, can write
-nothing.
+A claim reads the genesis and the region's claims and marks in one
+transaction, then claims in a second one, guarded on what it read:
+``create_revision(claim) == 0, mod_revision(mark) == seen, create_revision(genesis)
+== seen -> put(claim, lease), put(mark), [put(genesis) on a first use]``. So the
+claim writes the worker ID's mark (with the store's ID and the layout's
+digest) itself: a worker ID that was claimed always has a mark. The claim key's
+``create_revision`` is the fencing token; every later write (extending or
+lowering the mark, releasing) is a transaction guarded by ``create_revision(claim)
+== token`` and ``mod_revision(mark) ==`` the revision of the holder's own last
+write, so an owner that lost its lease, even one that was paused and does not
+know it yet, can write nothing, and a holder whose mark was deleted, changed or
+restored learns it at its next renewal: it fences at once, puts back what only
+it knows, and lets go.
 
 Every etcd call has a deadline (``etcd_timeout_s``) and every error of the
 client library is translated here, once, into :class:`EtcdUnavailable` or
@@ -24,6 +32,7 @@ renews an expired authentication token.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import random
@@ -34,8 +43,19 @@ from urllib.parse import quote, urlsplit
 import orjson
 
 from ..config import Config
-from ..errors import ConfigError, EtcdUnavailable, LayoutMismatch, LeaseLost, SnowfenceError
+from ..errors import (
+    ConfigError,
+    EtcdUnavailable,
+    LayoutMismatch,
+    LeaseLost,
+    SnowfenceError,
+    StoreWentBack,
+    WorkerIdUnusable,
+)
 from ..ids import Layout
+from ..logs import event
+from .genesis import Genesis
+from .journal import Journal
 from .lease import Lease, Store
 
 log = logging.getLogger("snowfence.etcd")
@@ -84,7 +104,15 @@ class EtcdLease(Lease):
     expires = True
 
     def __init__(
-        self, store: EtcdStore, lease_id: int, worker_id: int, token: int, mark_ms: int, ttl_s: int, holder: str
+        self,
+        store: EtcdStore,
+        lease_id: int,
+        worker_id: int,
+        token: int,
+        mark_ms: int,
+        ttl_s: int,
+        holder: str,
+        mark_rev: int = 0,
     ) -> None:
         super().__init__(store.region, worker_id, token, mark_ms)
         self._store = store
@@ -92,21 +120,17 @@ class EtcdLease(Lease):
         self.holder = holder
         self.claim_key = store.claim_key(worker_id)
         self.mark_key = store.mark_key(worker_id)
+        #: The mod_revision of the mark as we wrote it last: the mark must still be that one.
+        self.mark_rev = mark_rev
         self.ttl_s = ttl_s
         self._ttl_at_ns = store.mono_ns()
 
-    def _guard(self):
-        return self._store.client.transactions.create(self.claim_key) == self.token
+    def _guard(self) -> list:
+        tx = self._store.client.transactions
+        return [tx.create(self.claim_key) == self.token, tx.mod(self.mark_key) == self.mark_rev]
 
     def _mark_value(self, mark_ms: int) -> bytes:
-        return orjson.dumps(
-            {
-                "reserved_until_ms": mark_ms,
-                "reserved_until_unix_ms": mark_ms + self._store.layout.epoch_ms,
-                "token": self.token,
-                "holder": self.holder,
-            }
-        )
+        return self._store.mark_value(mark_ms, self.holder, self.token)
 
     def refresh(self) -> None:
         ttl = None
@@ -119,18 +143,61 @@ class EtcdLease(Lease):
 
     refresh = _etcd_call(refresh)
 
-    def extend(self, until_ms: int) -> None:
+    def _write(self, until_ms: int | None) -> None:
+        """One guarded transaction: put the mark at ``until_ms`` (None: write nothing, confirm)."""
         tx = self._store.client.transactions
-        ok, _ = self._store.client.transaction(
-            compare=[self._guard()],
-            success=[tx.put(self.mark_key, self._mark_value(until_ms))],
-            failure=[],
+        success = [] if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]
+        ok, responses = self._store.client.transaction(
+            compare=self._guard(),
+            success=success,
+            failure=[tx.get(self.claim_key), tx.get(self.mark_key)],
         )
         if not ok:
-            raise LeaseLost(f"worker ID {self.worker_id} is no longer held with token {self.token}")
-        self.reserved_until_ms = until_ms
+            self._lost(responses)
+        if until_ms is not None:
+            _, meta = responses[1][0]
+            # The journal is written before the minter may use the new mark: it is never behind it.
+            self._store.note_mark(self.worker_id, meta.mod_revision, until_ms, meta)
+            self.mark_rev = meta.mod_revision
+            self.reserved_until_ms = until_ms
+
+    def _lost(self, responses) -> None:
+        """The guard failed: say why, put back what only we know, and raise LeaseLost."""
+        claim, mark = responses[0], responses[1]
+        if not claim or claim[0][1].create_revision != self.token:
+            why = "its claim is gone" if not claim else f"its claim carries token {claim[0][1].create_revision}"
+            raise self._store.exclusivity_lost(self, f"{why}, not ours ({self.token})")
+        # The claim is still ours, so nobody else can have written the mark since:
+        # an operator or a restore did. Put ours back before letting go, so the next
+        # owner waits for every millisecond we may have used.
+        if not mark:
+            why = "its mark was deleted"
+        else:
+            rev = mark[0][1].mod_revision
+            why = f"its mark is not the one it wrote (revision {rev}, ours is {self.mark_rev})"
+            if rev < self.mark_rev:
+                self._store.went_back(
+                    f"the mark of worker ID {self.worker_id} went back under its holder to revision {rev} "
+                    f"(it wrote revision {self.mark_rev}): etcd was restored from an older snapshot"
+                )
+        tx = self._store.client.transactions
+        ok, _ = self._store.client.transaction(
+            compare=[tx.create(self.claim_key) == self.token],
+            success=[tx.put(self.mark_key, self._mark_value(self.reserved_until_ms))],
+            failure=[],
+        )
+        why += f"; {'restored' if ok else 'could not restore'} it to {self.reserved_until_ms} ms"
+        raise self._store.exclusivity_lost(self, why)
+
+    def extend(self, until_ms: int) -> None:
+        self._write(until_ms)
 
     extend = _etcd_call(extend)
+
+    def confirm(self) -> None:
+        self._write(None)
+
+    confirm = _etcd_call(confirm)
 
     def release(self, last_used_ms: int) -> None:
         if self.released:
@@ -145,10 +212,12 @@ class EtcdLease(Lease):
         tx = client.transactions
         success = [tx.delete(self.claim_key)]
         if mark_ms < self.reserved_until_ms:
-            success.insert(0, tx.put(self.mark_key, self._mark_value(mark_ms)))
-        ok, _ = client.transaction(compare=[self._guard()], success=success, failure=[])
-        if ok:
-            self.reserved_until_ms = min(self.reserved_until_ms, mark_ms)
+            success[:0] = [tx.put(self.mark_key, self._mark_value(mark_ms)), tx.get(self.mark_key)]
+        ok, responses = client.transaction(compare=self._guard(), success=success, failure=[])
+        if ok and mark_ms < self.reserved_until_ms:
+            _, meta = responses[1][0]
+            self._store.note_mark(self.worker_id, meta.mod_revision, mark_ms, meta)
+            self.reserved_until_ms = mark_ms
         client.revoke_lease(self.lease_id)
 
     _release = _etcd_call(_release)
@@ -196,9 +265,20 @@ class EtcdStore(Store):
 
     skips_far_marks = True
 
-    def __init__(self, config: Config, mono_ns: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self, config: Config, mono_ns: Callable[[], int] = time.monotonic_ns, journal: Journal | None = None
+    ) -> None:
         require_client()
         self.config = config
+        #: The node's witness of this store (workers pass theirs; status and membership read without one).
+        self.journal = journal
+        #: This node's reservation window, recorded in the genesis if it is the longest.
+        self.window_ms = int(config.reservation_window_s * 1000)
+        #: The genesis record as last read, and its key's (create_revision, mod_revision).
+        self.genesis: Genesis | None = None
+        self._genesis_revs = (0, 0)
+        #: What the claim's first transaction read: {worker ID: (mark value or None, mod_revision)}.
+        self._marks: dict[int, tuple[bytes | None, int]] = {}
         #: The monotonic clock a lease's remaining TTL is counted on (tests pass a fake one).
         self.mono_ns = mono_ns
         self.layout = config.layout
@@ -298,45 +378,241 @@ class EtcdStore(Store):
 
     # -- Store ---------------------------------------------------------------------------
 
-    def check_layout(self, layout: Layout) -> None:
-        client = self.client
-        tx = client.transactions
-        key = self.prefix + "layout"
-        ours = orjson.dumps(layout.to_dict())
-        ok, responses = client.transaction(
-            compare=[tx.create(key) == 0],
-            success=[tx.put(key, ours)],
-            failure=[tx.get(key)],
-        )
-        if ok:
-            log.info("recorded layout for cluster %s: %s", self.config.cluster, layout.describe())
-            return
+    def layout_key(self) -> str:
+        return self.prefix + "layout"
+
+    def _parse_genesis(self, value: bytes) -> Genesis:
         try:
-            recorded = Layout.from_dict(orjson.loads(responses[0][0][0]))
-        except (IndexError, orjson.JSONDecodeError, TypeError, ValueError, SnowfenceError) as exc:
+            return Genesis.from_dict(orjson.loads(value))
+        except (orjson.JSONDecodeError, TypeError, ValueError, SnowfenceError) as exc:
             raise LayoutMismatch(
                 f"the layout recorded for cluster {self.config.cluster!r} is unreadable: {exc}"
             ) from None
-        if recorded != layout:
+
+    def quarantine_ms(self) -> int:
+        """How far past the moment it is seen a worker ID of unknown state stays unused: the
+        longest reservation window any node of this store used, plus the clock-skew bound."""
+        windows = [self.window_ms]
+        if self.genesis is not None:
+            windows.append(self.genesis.window_ms)
+        if self.journal is not None:
+            windows.append(self.journal.window_ms)
+        return max(windows) + self.config.max_clock_skew_ms
+
+    def _now_ms(self) -> int:
+        return time.time_ns() // 1_000_000 - self.layout.epoch_ms
+
+    def check_layout(self, layout: Layout) -> None:
+        """Read the genesis record, or write it on a new store; check the layout and the journal.
+
+        A layout record that is gone while marks or claims remain is never taken
+        for a new store (the node will not start); nor one that is gone while the
+        journal shows this node used the store (claims are refused). A new store
+        cannot prove that nothing was minted under its prefix before (an
+        ``etcdctl del --prefix`` leaves it just as empty), so its claims wait out
+        one quarantine from its creation.
+        """
+        client = self.client
+        tx = client.transactions
+        key = self.layout_key()
+        value, meta = self._get(key)
+        if value is None:
+            left = [k for k in ("marks/", "workers/") if client.get_prefix(self.prefix + k, keys_only=True)]
+            if left:
+                raise LayoutMismatch(
+                    f"the layout record {key} of cluster {self.config.cluster!r} is missing, but "
+                    f"{' and '.join(k.rstrip('/') for k in left)} remain under {self.prefix}: the layout those IDs "
+                    "were minted with is unknown, so this node will not start; put the layout record back"
+                )
+            if self.journal is not None and self.journal.has_history:
+                self.journal.check_genesis(None)  # raises: the store forgot what the journal saw
+            quarantine = self.quarantine_ms()
+            genesis = Genesis.create(
+                layout,
+                now_unix_ms=time.time_ns() // 1_000_000,
+                window_ms=self.window_ms,
+                quarantine_until_ms=self._now_ms() + quarantine,
+            )
+            ok, _ = client.transaction(
+                compare=[tx.create(key) == 0], success=[tx.put(key, orjson.dumps(genesis.to_dict()))], failure=[]
+            )
+            if ok:
+                event(
+                    log,
+                    "store_created",
+                    f"recorded layout for cluster {self.config.cluster}: {layout.describe()}; new store "
+                    f"{genesis.store_id}: its first claims mint nothing for {quarantine} ms, because a new store "
+                    "cannot prove that no earlier one under the same prefix minted (the reservation window plus "
+                    "the clock-skew bound)",
+                    level=logging.WARNING,
+                    store=genesis.store_id,
+                    quarantine_ms=quarantine,
+                )
+            value, meta = self._get(key)
+            if value is None:
+                raise EtcdUnavailable(f"the layout record {key} vanished right after it was recorded")
+        recorded = self._parse_genesis(value)
+        if recorded.layout != layout:
             raise LayoutMismatch(
-                f"cluster {self.config.cluster!r} uses layout [{recorded.describe()}] but this node is "
+                f"cluster {self.config.cluster!r} uses layout [{recorded.layout.describe()}] but this node is "
                 f"configured for [{layout.describe()}]; IDs from two layouts could collide, so this node "
                 "will not start"
             )
+        self._adopt(recorded, meta)
+        if not recorded.upgraded or recorded.window_ms < self.window_ms:
+            self._amend_genesis(lambda g: g)
 
     check_layout = _etcd_call(check_layout)
 
-    def taken(self) -> set[int]:
-        prefix = f"{self.prefix}workers/{self.region}/"
-        out = set()
-        for _, meta in self.client.get_prefix(prefix, keys_only=True):
-            try:
-                out.add(int(meta.key.decode().rsplit("/", 1)[1]))
-            except ValueError:
-                continue
-        return out
+    def _get(self, key: str) -> tuple[bytes | None, object]:
+        tx = self.client.transactions
+        _, responses = self.client.transaction(compare=[], success=[tx.get(key)], failure=[])
+        return responses[0][0] if responses[0] else (None, None)
 
-    taken = _etcd_call(taken)
+    def _adopt(self, genesis: Genesis, meta) -> None:
+        """Take ``genesis`` (read with ``meta``) as the store's, after the journal agrees."""
+        header = getattr(meta, "response_header", None)
+        if self.journal is not None and genesis.upgraded:
+            self.journal.check_genesis(
+                genesis,
+                cluster_id=getattr(header, "cluster_id", None),
+                revision=getattr(header, "revision", None),
+            )
+        self.genesis = genesis
+        self._genesis_revs = (meta.create_revision, meta.mod_revision)
+
+    def _amend_genesis(self, change) -> Genesis:
+        """Upgrade an older release's record, raise the window to ours, apply ``change``: a
+        compare-and-swap on the record's mod_revision, retried a few times."""
+        client = self.client
+        tx = client.transactions
+        key = self.layout_key()
+        for _ in range(5):
+            value, meta = self._get(key)
+            if value is None:
+                raise StoreWentBack(f"the layout record {key} was deleted while this node used it")
+            genesis = before = self._parse_genesis(value)
+            if not genesis.upgraded:
+                used: dict[int, set[int]] = {}
+                for _, mark_meta in client.get_prefix(self.prefix + "marks/", keys_only=True):
+                    place = _place(mark_meta.key, self.prefix + "marks/")
+                    if place is not None:
+                        used.setdefault(place[0], set()).add(place[1])
+                genesis = dataclasses.replace(
+                    Genesis.create(genesis.layout, now_unix_ms=time.time_ns() // 1_000_000, window_ms=0),
+                    used={r: frozenset(ws) for r, ws in used.items()},
+                    legacy=True,
+                )
+            if genesis.window_ms < self.window_ms:
+                genesis = dataclasses.replace(genesis, window_ms=self.window_ms)
+            genesis = change(genesis)
+            if genesis == before:
+                self._adopt(genesis, meta)
+                return genesis
+            ok, responses = client.transaction(
+                compare=[tx.mod(key) == meta.mod_revision],
+                success=[tx.put(key, orjson.dumps(genesis.to_dict())), tx.get(key)],
+                failure=[],
+            )
+            if ok:
+                if not before.upgraded:
+                    event(
+                        log,
+                        "store_upgraded",
+                        f"upgraded the layout record of cluster {self.config.cluster} to a genesis record (store "
+                        f"{genesis.store_id}); nodes of older releases can no longer start on it",
+                        level=logging.WARNING,
+                        store=genesis.store_id,
+                    )
+                self._adopt(genesis, responses[1][0][1])
+                return genesis
+        raise EtcdUnavailable(f"the layout record {key} kept changing under this node")
+
+    def mark_value(self, mark_ms: int, holder: str, token: int | None) -> bytes:
+        return orjson.dumps(
+            {
+                "reserved_until_ms": mark_ms,
+                "reserved_until_unix_ms": mark_ms + self.layout.epoch_ms,
+                "token": token,
+                "holder": holder,
+                "store": self.genesis.store_id if self.genesis is not None else None,
+                "layout": self.layout.digest(),
+            }
+        )
+
+    def note_mark(self, worker_id: int, rev: int, ms: int, meta) -> None:
+        if self.journal is not None:
+            header = getattr(meta, "response_header", None)
+            self.journal.note_mark(self.region, worker_id, rev, ms, revision=getattr(header, "revision", None))
+
+    def went_back(self, what: str) -> None:
+        if self.journal is not None:
+            self.journal.went_back(what)
+
+    def exclusivity_lost(self, lease: EtcdLease, why: str) -> LeaseLost:
+        event(
+            log,
+            "lease_exclusivity_lost",
+            f"worker ID {lease.worker_id}: {why}; the lease is lost",
+            level=logging.ERROR,
+            worker_id=lease.worker_id,
+            token=lease.token,
+            reason=why,
+        )
+        return LeaseLost(f"worker ID {lease.worker_id}: {why}")
+
+    def _read_region(self) -> set[int]:
+        """One transaction: the genesis, and this region's claims and marks. Checks the
+        genesis and every mark against the journal; keeps the marks for the claims that
+        follow; returns the worker IDs claimed now."""
+        client = self.client
+        tx = client.transactions
+        claims, marks = f"{self.prefix}workers/{self.region}/", f"{self.prefix}marks/{self.region}/"
+        _, (genesis_kv, claim_kvs, mark_kvs) = client.transaction(
+            compare=[],
+            success=[tx.get(self.layout_key()), tx.get(claims, _range_end(claims)), tx.get(marks, _range_end(marks))],
+            failure=[],
+        )
+        if not genesis_kv:
+            if self.journal is not None:
+                self.journal.check_genesis(None)
+            raise StoreWentBack(
+                f"the layout record {self.layout_key()} was deleted while this node used cluster "
+                f"{self.config.cluster!r}; claims are refused until an operator runs `snowfence accept-restore`"
+            )
+        value, meta = genesis_kv[0]
+        genesis = self._parse_genesis(value)
+        if genesis.layout != self.layout:
+            raise StoreWentBack(f"the layout record of cluster {self.config.cluster!r} now names another layout")
+        if not genesis.upgraded:
+            genesis = self._amend_genesis(lambda g: g)  # put back in its older release's form
+        else:
+            self._adopt(genesis, meta)
+        self._marks = {}
+        for value, mark_meta in mark_kvs:
+            place = _place(mark_meta.key, self.prefix + "marks/")
+            if place is None or place[0] != self.region:
+                continue
+            self._marks[place[1]] = (value, mark_meta.mod_revision)
+            if self.journal is not None:
+                try:
+                    ms = self._mark_ms(orjson.loads(value))
+                except (KeyError, TypeError, ValueError):
+                    ms = None
+                self.journal.check_mark(self.region, place[1], mark_meta.mod_revision, ms)
+        if self.journal is not None:
+            self.journal.save_if_changed()
+        taken = set()
+        for _, claim_meta in claim_kvs:
+            place = _place(claim_meta.key, self.prefix + "workers/")
+            if place is not None and place[0] == self.region:
+                taken.add(place[1])
+        return taken
+
+    _read_region = _etcd_call(_read_region)
+
+    def taken(self) -> set[int]:
+        return self._read_region()
 
     def candidates(self) -> Iterator[int]:
         taken = self.taken()
@@ -382,35 +658,98 @@ class EtcdStore(Store):
             raise ValueError(f"reserved_until_ms is {ms!r}")
         return ms
 
-    def try_claim(self, worker_id: int, holder: str, max_mark_ms: int | None) -> EtcdLease | None:
+    def _floor(self, worker_id: int, now_ms: int | None) -> int:
+        """The millisecond a claim of ``worker_id`` must mint above: the highest of its mark,
+        the journal's floor, the store's quarantine, and for a worker ID of unknown state a
+        quarantine from now. Raises WorkerIdUnusable for a mark that is not ours to read."""
+        genesis = self.genesis
+        value, _ = self._marks.get(worker_id, (None, 0))
+        now_ms = self._now_ms() if now_ms is None else now_ms
+        floors = [genesis.quarantine_until_ms]
+        if self.journal is not None:
+            floors.append(self.journal.floor_ms(self.region, worker_id, gone=value is None))
+        unknown = None
+        if value is None:
+            if genesis.is_used(self.region, worker_id) or (self.journal is not None and floors[-1] >= 0):
+                unknown = "it has no mark, but it was used"
+        else:
+            try:
+                mark = orjson.loads(value)
+                floors.append(self._mark_ms(mark))
+            except (KeyError, TypeError, ValueError):  # orjson's errors are ValueErrors
+                # A mark we cannot read could hide a later timestamp: pass over it.
+                raise WorkerIdUnusable(f"the mark of worker ID {worker_id} is unreadable") from None
+            layout = mark.get("layout")
+            if layout is not None and layout != self.layout.digest():
+                raise WorkerIdUnusable(
+                    f"the mark of worker ID {worker_id} was written under another layout ({layout}): "
+                    "its milliseconds are not ours to compare"
+                )
+            store = mark.get("store")
+            if store is None and not genesis.legacy:
+                unknown = "its mark has no store ID"
+            elif store is not None and store != genesis.store_id:
+                unknown = f"its mark belongs to store {store}, not this one"
+        if unknown is not None:
+            quarantine = self.quarantine_ms()
+            floors.append(now_ms + quarantine)
+            event(
+                log,
+                "worker_id_unknown",
+                f"worker ID {worker_id}: {unknown}; its claim mints nothing for {quarantine} ms (quarantine)",
+                level=logging.WARNING,
+                worker_id=worker_id,
+                quarantine_ms=quarantine,
+            )
+        return max(floors)
+
+    def try_claim(
+        self, worker_id: int, holder: str, max_mark_ms: int | None, now_ms: int | None = None
+    ) -> EtcdLease | None:
         lease_id, ttl = self._claim_lease
         client = self.client
         tx = client.transactions
-        claim_key, mark_key = self.claim_key(worker_id), self.mark_key(worker_id)
-        ok, responses = client.transaction(
-            compare=[tx.create(claim_key) == 0],
-            success=[
-                tx.put(claim_key, orjson.dumps({"holder": holder}), lease_id),
-                tx.get(claim_key),
-                tx.get(mark_key),
-            ],
-            failure=[],
-        )
-        if not ok:
+        claim_key, mark_key, genesis_key = self.claim_key(worker_id), self.mark_key(worker_id), self.layout_key()
+        floor = self._floor(worker_id, now_ms)
+        if max_mark_ms is not None and floor > max_mark_ms:
             return None
-        token = responses[1][0][1].create_revision
-        mark_ms = 0
-        if responses[2]:
-            try:
-                mark_ms = self._mark_ms(orjson.loads(responses[2][0][0]))
-            except (KeyError, TypeError, ValueError):  # orjson's errors are ValueErrors
-                # A mark we cannot read could hide a later timestamp: give the ID back.
-                log.warning("mark of worker ID %d is unreadable; passing over it", worker_id)
-                mark_ms = None
-        if mark_ms is None or (max_mark_ms is not None and mark_ms > max_mark_ms):
-            client.transaction(compare=[tx.create(claim_key) == token], success=[tx.delete(claim_key)], failure=[])
+        _, mark_rev = self._marks.get(worker_id, (None, 0))
+        mark_value = self.mark_value(floor, holder, None)
+        for _ in range(3):
+            genesis_create, genesis_mod = self._genesis_revs
+            first_use = not self.genesis.is_used(self.region, worker_id)
+            compare = [
+                tx.create(claim_key) == 0,
+                tx.mod(mark_key) == mark_rev,
+                tx.create(genesis_key) == genesis_create,
+            ]
+            success = [tx.put(claim_key, orjson.dumps({"holder": holder}), lease_id), tx.put(mark_key, mark_value)]
+            if first_use:
+                # Its first claim: the genesis learns it was used, in the same transaction.
+                compare.append(tx.mod(genesis_key) == genesis_mod)
+                success.append(tx.put(genesis_key, orjson.dumps(self.genesis.using(self.region, worker_id).to_dict())))
+            ok, responses = client.transaction(
+                compare=compare,
+                success=[*success, tx.get(claim_key), tx.get(mark_key)],
+                failure=[tx.get(genesis_key)],
+            )
+            if ok:
+                break
+            if not first_use or not responses[0] or responses[0][0][1].create_revision != genesis_create:
+                return None  # claimed, or changed, since we read it: another pass reads again
+            # Only the genesis moved (another worker ID's first claim): read it again, and retry.
+            value, meta = responses[0][0]
+            self._adopt(self._parse_genesis(value), meta)
+        else:
             return None
-        return EtcdLease(self, lease_id, worker_id, token, mark_ms, ttl, holder)
+        claim_meta, mark_meta = responses[-2][0][1], responses[-1][0][1]
+        if first_use:
+            self.genesis = self.genesis.using(self.region, worker_id)
+            self._genesis_revs = (genesis_create, mark_meta.mod_revision)
+        self._marks[worker_id] = (mark_value, mark_meta.mod_revision)
+        token = claim_meta.create_revision
+        self.note_mark(worker_id, mark_meta.mod_revision, floor, mark_meta)
+        return EtcdLease(self, lease_id, worker_id, token, floor, ttl, holder, mark_rev=mark_meta.mod_revision)
 
     try_claim = _etcd_call(try_claim)
 
@@ -537,6 +876,11 @@ class EtcdStore(Store):
         return sorted(out)
 
     regions = _etcd_call(regions)
+
+
+def _range_end(prefix: str) -> str:
+    """The end of the key range of ``prefix`` (its last character plus one)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def _place(key: bytes, prefix: str) -> tuple[int, int] | None:

@@ -51,6 +51,10 @@ class Lease:
     def refresh(self) -> None:
         """Renew the lease; raises :class:`LeaseLost` if it is gone."""
 
+    def confirm(self) -> None:
+        """Check that the claim is still ours and the mark the one we wrote (raises
+        :class:`LeaseLost` if not): a renewal that extends nothing confirms instead."""
+
     def extend(self, until_ms: int) -> None:
         """Persist ``until_ms`` as the mark, only while we still hold the worker ID."""
         raise NotImplementedError
@@ -100,8 +104,13 @@ class Store:
         """Record the layout if none is recorded; raise LayoutMismatch if it differs."""
         raise NotImplementedError
 
-    def try_claim(self, worker_id: int, holder: str, max_mark_ms: int | None) -> Lease | None:
-        """Claim ``worker_id`` if it is free (and its mark <= ``max_mark_ms``, if given)."""
+    def try_claim(
+        self, worker_id: int, holder: str, max_mark_ms: int | None, now_ms: int | None = None
+    ) -> Lease | None:
+        """Claim ``worker_id`` if it is free (and its mark <= ``max_mark_ms``, if given).
+
+        ``now_ms``: the claimer's wall clock, from which a worker ID of unknown
+        state is quarantined."""
         raise NotImplementedError
 
     def candidates(self) -> Iterator[int]:
@@ -131,7 +140,7 @@ class Store:
         for limit in passes:
             for worker_id in order:
                 try:
-                    lease = self.try_claim(worker_id, holder, limit)
+                    lease = self.try_claim(worker_id, holder, limit, now_ms)
                 except StateDirError as exc:
                     if self.passed_over.get(worker_id) != str(exc):
                         event(
@@ -308,17 +317,21 @@ class Keeper(threading.Thread):
         self._away_ns = 0
 
     def renew_once(self) -> None:
-        """One renewal and, if due, one extension. Raises what the store raised."""
+        """One renewal: renew the lease, then extend the mark (or, if no extension is due,
+        confirm the claim), each guarded by the claim being ours and the mark the one we
+        wrote. The fence moves only when both succeeded. Raises what the store raised."""
         lease, minter = self.lease, self.minter
         sent = self._mono_ns()
         lease.refresh()
         self.last_renewal_latency_s = (self._mono_ns() - sent) / 1e9
-        self.last_renewal_ns = sent
-        minter.fence_deadline_ns = sent + self.fence_ns if lease.expires and self.fence else NEVER_NS
         now_ms = minter.now_ms()
         wanted = min(now_ms + self.window_ms, minter.layout.max_ms)
         if wanted > lease.reserved_until_ms:
             lease.extend(wanted)
+        else:
+            lease.confirm()
+        self.last_renewal_ns = sent
+        minter.fence_deadline_ns = sent + self.fence_ns if lease.expires and self.fence else NEVER_NS
         minter.reserved_until_ms = lease.reserved_until_ms
         self.renewals += 1
 

@@ -81,16 +81,29 @@ CLAIM_BACKOFF_MAX_S = 10.0
 
 
 def open_store(config: Config) -> Store:
-    """The lease store the configuration names."""
+    """The lease store the configuration names, with this node's journal of it."""
+    from .journal import Journal
+
+    window_ms = int(config.reservation_window_s * 1000)
     if config.embedded:
         from .embedded import FileStore
 
         return FileStore(
-            config.state_dir, config.layout, config.region, allow_unsafe_filesystem=config.allow_unsafe_filesystem
+            config.state_dir,
+            config.layout,
+            config.region,
+            allow_unsafe_filesystem=config.allow_unsafe_filesystem,
+            window_ms=window_ms,
+            journal=Journal(config.state_dir, "embedded"),
         )
     from .etcd import EtcdStore
 
-    return EtcdStore(config)
+    return EtcdStore(config, journal=Journal(config.state_dir, journal_name(config)))
+
+
+def journal_name(config: Config) -> str:
+    """The journal file of an etcd cluster, in the node's state directory."""
+    return f"etcd-{config.cluster}"
 
 
 class Held:
@@ -491,7 +504,12 @@ class Worker:
             "kernel_clock": self.host_clock.kernel_clock.to_dict() if self.host_clock.kernel_clock else None,
             "clock_ahead_ms": self.host_clock.ahead_ms,
             "passed_over": [{"worker_id": w, "reason": why} for w, why in sorted(self._passed_over().items())],
+            "store_problem": self._store_problem(),
         }
+
+    def _store_problem(self) -> str | None:
+        journal = getattr(self.store, "journal", None)
+        return journal.problem if journal is not None else None
 
     def _passed_over(self) -> dict[int, str]:
         return self.store.passed_over if self.store is not None else {}

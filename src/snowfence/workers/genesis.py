@@ -1,0 +1,143 @@
+"""The store's genesis record: which store this is, written together with its layout.
+
+Every store keeps one record of its layout (etcd ``<prefix>layout``, embedded
+``layout.json``). Besides the layout's fields it carries::
+
+    store_id             128 random bits, hex: every mark of this store carries it
+    created_unix_ms      when the record was first written
+    window_ms            the longest reservation window any node of this store uses
+                         (a node with a longer one raises it before it claims)
+    used                 {"<region>": [worker IDs]}: every worker ID ever claimed here
+    quarantine_until_ms  no claim of this store mints at or below this millisecond
+    restore              the last restore an operator accepted: {"id", "at_unix_ms", "reason"}
+    legacy               upgraded from a layout-only record of an older release
+
+``used`` is what lets a store prove that a worker ID without a mark was never
+used: a claim writes the worker ID's mark, and its first claim adds it here, in
+one transaction (etcd) or before the mark (embedded). Absent from ``used`` and
+markless: never used. In ``used`` and markless: unknown, which costs a
+quarantine, never a guess.
+
+Releases before genesis records wrote the layout's fields alone, and their
+reader refuses a record with any other field: an older node cannot start on a
+store a newer one has upgraded (see docs/RELIABILITY.md, "Mixed versions").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..ids import Layout
+
+LAYOUT_FIELDS = ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
+_GENESIS_FIELDS = ("store_id", "created_unix_ms", "window_ms", "used", "quarantine_until_ms", "restore", "legacy")
+
+
+def new_store_id() -> str:
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class Restore:
+    """An operator's acceptance of a store that went back (`snowfence accept-restore`)."""
+
+    id: str
+    at_unix_ms: int
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "at_unix_ms": self.at_unix_ms, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Genesis:
+    layout: Layout
+    #: None only for a layout-only record of an older release, before it is upgraded.
+    store_id: str | None
+    created_unix_ms: int = 0
+    window_ms: int = 0
+    used: dict[int, frozenset[int]] = field(default_factory=dict)
+    quarantine_until_ms: int = 0
+    restore: Restore | None = None
+    legacy: bool = False
+
+    @property
+    def upgraded(self) -> bool:
+        return self.store_id is not None
+
+    def is_used(self, region: int, worker_id: int) -> bool:
+        return worker_id in self.used.get(region, ())
+
+    def using(self, region: int, worker_id: int) -> Genesis:
+        """This record with ``worker_id`` of ``region`` marked as used."""
+        used = dict(self.used)
+        used[region] = frozenset({*used.get(region, ()), worker_id})
+        return dataclasses.replace(self, used=used)
+
+    def to_dict(self) -> dict:
+        doc = self.layout.to_dict()
+        if self.store_id is None:
+            return doc
+        doc.update(
+            store_id=self.store_id,
+            created_unix_ms=self.created_unix_ms,
+            window_ms=self.window_ms,
+            used={str(r): sorted(ws) for r, ws in sorted(self.used.items())},
+            quarantine_until_ms=self.quarantine_until_ms,
+            restore=self.restore.to_dict() if self.restore else None,
+            legacy=self.legacy,
+        )
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: object) -> Genesis:
+        """The record a store holds; raises ConfigError if it is not one we could have written."""
+        if not isinstance(doc, dict):
+            raise ConfigError(f"a layout record is a JSON object, not {type(doc).__name__}")
+        layout = Layout.from_dict({k: v for k, v in doc.items() if k in LAYOUT_FIELDS or k not in _GENESIS_FIELDS})
+        if not any(k in doc for k in _GENESIS_FIELDS):
+            return cls(layout, None)  # an older release's record: the layout alone
+        missing = [k for k in _GENESIS_FIELDS if k not in doc]
+        if missing:
+            raise ConfigError(f"genesis fields missing: {', '.join(missing)}")
+        store_id, created, window, quarantine = (
+            doc["store_id"], doc["created_unix_ms"], doc["window_ms"], doc["quarantine_until_ms"]
+        )  # fmt: skip
+        if not (isinstance(store_id, str) and len(store_id) == 32 and all(c in "0123456789abcdef" for c in store_id)):
+            raise ConfigError(f"store_id is {store_id!r}, not 32 hex digits")
+        for name, value in (("created_unix_ms", created), ("window_ms", window), ("quarantine_until_ms", quarantine)):
+            if type(value) is not int or value < 0:
+                raise ConfigError(f"{name} is {value!r}, not a whole number >= 0")
+        if type(doc["legacy"]) is not bool:
+            raise ConfigError(f"legacy is {doc['legacy']!r}, not true or false")
+        used = doc["used"]
+        if not isinstance(used, dict):
+            raise ConfigError("used is not an object")
+        parsed: dict[int, frozenset[int]] = {}
+        for region, workers in used.items():
+            if not (isinstance(region, str) and region.isascii() and region.isdigit()):
+                raise ConfigError(f"used: region {region!r} is not a number")
+            ok = isinstance(workers, list) and all(type(w) is int and 0 <= w <= layout.max_worker for w in workers)
+            if not ok:
+                raise ConfigError(f"used: region {region}: {workers!r} is not a list of worker IDs")
+            parsed[int(region)] = frozenset(workers)
+        restore = doc["restore"]
+        if restore is not None:
+            if (
+                not isinstance(restore, dict)
+                or set(restore) != {"id", "at_unix_ms", "reason"}
+                or not isinstance(restore["id"], str)
+                or not restore["id"]
+                or type(restore["at_unix_ms"]) is not int
+                or not isinstance(restore["reason"], str)
+            ):
+                raise ConfigError(f"restore is {restore!r}, not an accepted restore")
+            restore = Restore(restore["id"], restore["at_unix_ms"], restore["reason"])
+        return cls(layout, store_id, created, window, parsed, quarantine, restore, doc["legacy"])
+
+    @classmethod
+    def create(cls, layout: Layout, *, now_unix_ms: int, window_ms: int, quarantine_until_ms: int = 0) -> Genesis:
+        return cls(layout, new_store_id(), now_unix_ms, window_ms, {}, quarantine_until_ms, None, False)
