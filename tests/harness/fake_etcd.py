@@ -33,16 +33,17 @@ class KV:
 
 
 class Meta:
-    """The client library's KVMetadata."""
+    """The client library's KVMetadata (with the response's header, as it has)."""
 
-    __slots__ = ("key", "create_revision", "mod_revision", "version", "lease_id")
+    __slots__ = ("key", "create_revision", "mod_revision", "version", "lease_id", "response_header")
 
-    def __init__(self, key: str, kv: KV) -> None:
+    def __init__(self, key: str, kv: KV, header=None) -> None:
         self.key = key.encode()
         self.create_revision = kv.create_revision
         self.mod_revision = kv.mod_revision
         self.version = kv.version
         self.lease_id = kv.lease
+        self.response_header = header
 
 
 def _compare_target(compare, kv: KV | None):
@@ -76,6 +77,17 @@ class EtcdServer:
         self.next_lease = 0x7A00_0000 + world.rng.randrange(1 << 16)
         self.down: set[int] = set()
         self.leader = 0
+        #: etcd's cluster ID, in every response's header.
+        self.cluster_id = world.rng.getrandbits(63)
+
+    def header(self):
+        """A response header: the cluster's ID and the revision the response was read at."""
+        return SimpleNamespace(cluster_id=self.cluster_id, member_id=self.leader, revision=self.rev, raft_term=1)
+
+    def _range(self, key: str, range_end: str | None) -> list[str]:
+        if range_end is None:
+            return [key] if key in self.kv else []
+        return [k for k in sorted(self.kv) if key <= k < range_end]
 
     # -- leases on simulated time
     def expire(self) -> None:
@@ -150,8 +162,11 @@ class EtcdServer:
 
     def get_prefix(self, prefix: str, keys_only: bool = False):
         self.expire()
+        header = self.header()
         return [
-            (b"" if keys_only else kv.value, Meta(k, kv)) for k, kv in sorted(self.kv.items()) if k.startswith(prefix)
+            (b"" if keys_only else kv.value, Meta(k, kv, header))
+            for k, kv in sorted(self.kv.items())
+            if k.startswith(prefix)
         ]
 
     def txn(self, compare, success, failure):
@@ -196,12 +211,15 @@ class EtcdServer:
                 responses.append(SimpleNamespace(kind="put"))
                 self.world.marks_dirty = True
             elif isinstance(op, tx.Delete):
-                self.kv.pop(op.key, None)
+                for key in self._range(op.key, op.range_end):
+                    self.kv.pop(key, None)
                 responses.append(SimpleNamespace(kind="delete"))
                 self.world.marks_dirty = True
             elif isinstance(op, tx.Get):
-                kv = self.kv.get(op.key)
-                responses.append([] if kv is None else [(kv.value, Meta(op.key, kv))])
+                header = SimpleNamespace(cluster_id=self.cluster_id, member_id=self.leader, revision=rev, raft_term=1)
+                responses.append(
+                    [(self.kv[k].value, Meta(k, self.kv[k], header)) for k in self._range(op.key, op.range_end)]
+                )
             else:
                 raise RpcError(f"unsupported operation {op!r}")
         self.rev = rev

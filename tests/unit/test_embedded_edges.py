@@ -96,8 +96,8 @@ def test_a_lock_is_not_inherited_by_programs_a_worker_runs(tmp_path):
 
 
 def test_the_layout_file_is_indented_for_the_operator_who_reads_it(tmp_path):
-    store(tmp_path)
-    assert (tmp_path / "layout.json").read_bytes() == orjson.dumps(DEFAULT_LAYOUT.to_dict(), option=orjson.OPT_INDENT_2)
+    s = store(tmp_path)
+    assert (tmp_path / "layout.json").read_bytes() == orjson.dumps(s.genesis.to_dict(), option=orjson.OPT_INDENT_2)
 
 
 def test_marks_name_the_holder_that_wrote_them(tmp_path):
@@ -124,7 +124,7 @@ def test_a_crash_between_mark_and_lock_leaves_a_mark_naming_its_writer(tmp_path,
     monkeypatch.setattr(FileStore, "_lock", crash)
     with pytest.raises(KeyboardInterrupt):
         s.try_claim(0, HOLDER, None)
-    assert s.mark(0) == embedded.Mark(0, 0, HOLDER)
+    assert s.mark(0) == embedded.Mark(0, 0, HOLDER, store=s.genesis.store_id, layout=DEFAULT_LAYOUT.digest())
 
 
 def test_the_store_and_its_leases_describe_themselves_for_status(tmp_path):
@@ -325,7 +325,7 @@ def test_layout_errors_name_the_file_and_the_layouts(tmp_path, monkeypatch):
     assert temp_files(failing) == []
     monkeypatch.undo()
 
-    monkeypatch.setattr(FileStore, "_read_layout", lambda self, path: None)
+    monkeypatch.setattr(FileStore, "read_genesis", lambda self: None)
     with pytest.raises(StateDirError) as info:
         FileStore(tmp_path / "vanishing", DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
     assert str(info.value) == f"{tmp_path / 'vanishing' / 'layout.json'} vanished right after it was recorded"
@@ -407,7 +407,7 @@ def test_a_region_directory_gone_before_the_lock_file_is_made_is_a_state_dir_err
 
 def test_a_fresh_claim_whose_mark_cannot_be_written_names_the_mark_file(tmp_path, monkeypatch):
     s = store(tmp_path)
-    fail_for(monkeypatch, "replace", lambda p: os.fspath(p).endswith(".tmp"))
+    fail_for(monkeypatch, "replace", lambda p: os.fspath(p).endswith(".tmp") and ".worker-0.mark" in os.fspath(p))
     with pytest.raises(StateDirError) as info:
         s.try_claim(0, HOLDER, None)
     assert str(info.value) == f"cannot write mark file {s.paths(0)[1]}: Input/output error"

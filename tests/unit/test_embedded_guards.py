@@ -22,6 +22,7 @@ from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBus
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.workers import embedded
 from snowfence.workers.embedded import FileStore, mark_checksum
+from snowfence.workers.genesis import Genesis
 from snowfence.workers.lease import Keeper, PreferenceFile, embedded_namespace, node_key
 from snowfence.workers.minter import Minter
 
@@ -36,6 +37,14 @@ def store(tmp_path, layout=DEFAULT_LAYOUT) -> FileStore:
 
 def region(tmp_path):
     return tmp_path / "regions" / "0"
+
+
+def elsewhere(tmp_path, layout=DEFAULT_LAYOUT) -> FileStore:
+    """The store as a process in another network namespace sees it: the kernel's witness
+    (an abstract socket) is not shared there, so only the files and their locks guard."""
+    s = store(tmp_path, layout)
+    s._witness_prefix += "-elsewhere"
+    return s
 
 
 def keeper_for(lease, clock=None):
@@ -77,7 +86,7 @@ def test_two_holders_of_different_lock_files_at_one_path_cannot_both_extend(tmp_
     old = s.try_claim(0, HOLDER, None)
     old.extend(5_000)
     (region(tmp_path) / "worker-0.lock").unlink()  # a cleanup job
-    new = FileStore(tmp_path, DEFAULT_LAYOUT, 0).try_claim(0, "second", None)
+    new = elsewhere(tmp_path).try_claim(0, "second", None)
     assert new is not None, "a new lock file at the path can be locked"
     assert new.claimed_mark_ms == 5_000 and new.token == old.token + 1  # it waits out the old mark
     with pytest.raises(LeaseLost, match="replaced"):
@@ -147,7 +156,7 @@ def test_a_stale_holder_restores_nothing_once_another_process_claimed(tmp_path):
     old = s.try_claim(0, HOLDER, None)
     old.extend(5_000)
     (region(tmp_path) / "worker-0.lock").unlink()
-    new = s.try_claim(0, "second", None)
+    new = elsewhere(tmp_path).try_claim(0, "second", None)
     (region(tmp_path) / "worker-0.mark").unlink()
     with pytest.raises(LeaseLost, match="replaced"):
         old.refresh()
@@ -263,7 +272,9 @@ def test_a_mark_rolled_back_below_a_recorded_token_is_passed_over(tmp_path):
 
 
 def test_a_mark_from_before_checksums_is_accepted_if_consistent_and_rewritten_with_one(tmp_path):
-    s = store(tmp_path)
+    # A state directory of an older release: its layout record holds the layout alone.
+    (tmp_path / "layout.json").write_bytes(orjson.dumps(DEFAULT_LAYOUT.to_dict()))
+    region(tmp_path).mkdir(parents=True)
     mark = region(tmp_path) / "worker-0.mark"
     (region(tmp_path) / "worker-0.lock").write_bytes(b"")
     legacy = {
@@ -273,6 +284,8 @@ def test_a_mark_from_before_checksums_is_accepted_if_consistent_and_rewritten_wi
         "holder": "old",
     }
     mark.write_bytes(orjson.dumps(legacy))
+    s = store(tmp_path)  # upgrades the record: its marks without a store ID are its own
+    assert s.genesis.legacy and s.genesis.is_used(0, 0)
     lease = s.try_claim(0, HOLDER, None)
     assert (lease.claimed_mark_ms, lease.token) == (7_000, 5)
     doc = orjson.loads(mark.read_bytes())
@@ -290,22 +303,22 @@ def test_a_mark_from_before_checksums_is_accepted_if_consistent_and_rewritten_wi
 def test_layout_is_created_exclusively_so_a_racing_node_reads_the_winner_back(tmp_path, monkeypatch):
     other = Layout(time_bits=41, region_bits=2, worker_bits=8, sequence_bits=12)
     s = FileStore(tmp_path, DEFAULT_LAYOUT, 0)
-    real_read = FileStore._read_layout
+    real_read = FileStore.read_genesis
     calls = []
 
-    def raced(self, path):
-        calls.append(path)
+    def raced(self):
+        calls.append(self)
         if len(calls) == 1:
             # Both nodes found no layout; the other one records its layout first.
             FileStore(tmp_path, other, 0).check_layout(other)
             return None
-        return real_read(self, path)
+        return real_read(self)
 
-    monkeypatch.setattr(FileStore, "_read_layout", raced)
+    monkeypatch.setattr(FileStore, "read_genesis", raced)
     with pytest.raises(LayoutMismatch):
         s.check_layout(DEFAULT_LAYOUT)
     monkeypatch.undo()
-    assert Layout.from_dict(orjson.loads((tmp_path / "layout.json").read_bytes())) == other
+    assert Genesis.from_dict(orjson.loads((tmp_path / "layout.json").read_bytes())).layout == other
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
@@ -437,6 +450,8 @@ def test_a_mark_is_written_then_fsynced_then_renamed_then_its_directory_fsynced(
     lease.extend(1_000)
     monkeypatch.undo()
     mark = str(region(tmp_path) / "worker-0.mark")
+    ops = [op for op in ops if "worker-0.mark" in op[1] or op == ("fsync", str(region(tmp_path)))]
+    ops = ops[: ops.index(("fsync", str(region(tmp_path)))) + 1]  # the mark's write, then the journal's
     kinds = [k for k, _ in ops]
     assert kinds == ["write", "fsync", "rename", "fsync"], ops
     tmp = ops[0][1]
@@ -496,7 +511,7 @@ def test_thousands_of_renewals_and_busy_claims_leak_no_descriptors(fast_dir):
     assert keeper.renewals == 2001
     assert open_fds() == before
     lease.release(minter.last_ms)
-    assert open_fds() == before - 1  # the lock's descriptor, and nothing else, was closed
+    assert open_fds() == before - 2  # the lock's descriptor and the witness socket, and nothing else, were closed
 
 
 def test_a_region_lock_held_elsewhere_is_a_retriable_refusal_that_changes_nothing(tmp_path):

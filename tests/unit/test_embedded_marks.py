@@ -33,7 +33,9 @@ def checked(**fields):
 def test_a_written_mark_reads_back_exactly(tmp_path):
     s = store(tmp_path)
     s.write_mark(4, 1234, 7, "node-a:99:slot0")
-    assert s.mark(4) == Mark(1234, 7, "node-a:99:slot0", checked=True)
+    assert s.mark(4) == Mark(
+        1234, 7, "node-a:99:slot0", checked=True, store=s.genesis.store_id, layout=DEFAULT_LAYOUT.digest()
+    )
     assert s.read_mark(4) == (1234, 7)
 
 

@@ -23,6 +23,7 @@ from snowfence.errors import ConfigError, EtcdUnavailable, LayoutMismatch, Lease
 from snowfence.ids import Layout
 from snowfence.workers import etcd as etcd_mod
 from snowfence.workers.etcd import REBUILD_AFTER_FAILURES, EtcdStore
+from snowfence.workers.genesis import Genesis
 from snowfence.workers.lease import Keeper
 from snowfence.workers.minter import Minter
 
@@ -58,6 +59,11 @@ class Etcd:
         self.clock = FakeClock()
         self.server = EtcdServer(ServerTime(self.clock.mono_ns))
         self.clients: list[DirectClient] = []
+        # A store that has been in use for a while, upgraded from an older release's
+        # layout record (so marks without a store ID are its own) and long past any
+        # quarantine: the setting most tests need. Tests of new stores delete it.
+        self.genesis = Genesis(Config(**LAYOUT).layout, "ab" * 16, window_ms=5_000, legacy=True)
+        self.put("layout", self.genesis.to_dict())
 
     def store(self, labels=("127.0.0.1:2379",), **overrides) -> EtcdStore:
         store = EtcdStore(config(**overrides), mono_ns=self.clock.mono_ns)
@@ -184,11 +190,24 @@ def test_a_claim_that_fails_in_etcd_raises_and_gives_its_lease_back(etcd):
     with pytest.raises(EtcdUnavailable, match="_grant failed"):
         claim(store)
     assert etcd.server.leases == {} and etcd.claimed() == set()
+    store.check_layout(store.layout)
     store.client.fail(RpcError("UNAVAILABLE: no leader"), on="txn")
     store.client.calls.clear()
+    with pytest.raises(EtcdUnavailable, match="_read_region failed"):
+        claim(store)
+    assert [what for _, what in store.client.calls] == ["lease_grant", "txn", "lease_revoke"]
+    store.client.calls.clear()
+    real_read = store._read_region
+
+    def read_then_fail():  # the read goes through, the claim's own transaction fails
+        found = real_read()
+        store.client.fail(RpcError("UNAVAILABLE: no leader"), on="txn")
+        return found
+
+    store._read_region = read_then_fail
     with pytest.raises(EtcdUnavailable, match="try_claim failed"):
         claim(store)
-    assert [what for _, what in store.client.calls] == ["lease_grant", "range", "txn", "lease_revoke"]
+    assert [what for _, what in store.client.calls] == ["lease_grant", "txn", "txn", "lease_revoke"]
     assert etcd.server.leases == {} and etcd.claimed() == set()
 
 
@@ -203,13 +222,22 @@ def test_a_claim_whose_reply_was_lost_is_undone_with_its_lease(etcd):
 
 def test_a_claim_whose_lease_cannot_be_revoked_still_reports_the_claims_error(etcd):
     store = etcd.store()
-    store.client.fail(RpcError("UNAVAILABLE: a"), on="txn", after=True)
+    store.check_layout(store.layout)
+    real_read = store._read_region
+
+    def read_then_fail():  # the read goes through; the claim commits, its reply is lost
+        found = real_read()
+        store.client.fail(RpcError("UNAVAILABLE: a"), on="txn", after=True)
+        return found
+
+    store._read_region = read_then_fail
     store.client.fail(RpcError("UNAVAILABLE: b"), on="lease_revoke")
     with pytest.raises(EtcdUnavailable, match="try_claim failed: RpcError: UNAVAILABLE: a"):
         claim(store)
     assert len(etcd.server.leases) == 1 and etcd.claimed() == {0}  # left to lapse on its own
     etcd.elapse_s(TTL_S)
     assert etcd.claimed() == set()
+    store._read_region = real_read
     assert claim(store).worker_id == 0 and len(etcd.server.leases) == 1
 
 
@@ -304,6 +332,8 @@ def test_extend_persists_the_mark_with_its_token_and_holder(etcd):
         "reserved_until_unix_ms": NOW_MS + 700 + store.layout.epoch_ms,
         "token": lease.token,
         "holder": "node-a/0",
+        "store": etcd.genesis.store_id,
+        "layout": store.layout.digest(),
     }
     assert etcd.server.kv[PREFIX + "marks/1/1"].lease == 0  # the mark outlives the owner
     lease.abandon()
@@ -318,7 +348,7 @@ def test_an_owner_whose_claim_was_taken_over_cannot_move_the_mark(etcd):
     etcd.delete("workers/1/0")
     new = claim(other, preferred=0, now_ms=NOW_MS + 200)
     new.extend(NOW_MS + 900)
-    with pytest.raises(LeaseLost, match="worker ID 0 is no longer held"):
+    with pytest.raises(LeaseLost, match=f"worker ID 0: its claim carries token {new.token}, not ours"):
         old.extend(NOW_MS + 5000)
     assert old.reserved_until_ms == NOW_MS + 100
     assert etcd.mark(0) == NOW_MS + 900 and etcd.json("marks/1/0")["token"] == new.token
@@ -364,9 +394,11 @@ def test_release_with_nothing_reserved_past_the_last_ms_used_writes_no_mark(etcd
     before = etcd.server.kv[PREFIX + "marks/1/0"].mod_revision
     lease.release(NOW_MS + 10)
     assert etcd.server.kv[PREFIX + "marks/1/0"].mod_revision == before
-    unused = claim(store, preferred=1)
-    unused.release(NOW_MS + 99)  # past what was reserved (nothing): no mark appears, none is raised
-    assert etcd.value("marks/1/1") is None and unused.reserved_until_ms == 0
+    unused = claim(store, preferred=1)  # its claim wrote its first mark, at 0
+    before = etcd.server.kv[PREFIX + "marks/1/1"].mod_revision
+    unused.release(NOW_MS + 99)  # past what was reserved (nothing): the mark stays, none is raised
+    assert etcd.mark(1) == 0 and unused.reserved_until_ms == 0
+    assert etcd.server.kv[PREFIX + "marks/1/1"].mod_revision == before
     assert etcd.claimed() == set()
 
 
@@ -534,7 +566,7 @@ def test_every_client_error_becomes_etcd_unavailable_with_its_status_and_details
     store.client.fail(ConnectionResetError())
     with pytest.raises(EtcdUnavailable) as caught:
         store.taken()
-    assert str(caught.value) == "etcd call taken failed: ConnectionResetError"
+    assert str(caught.value) == "etcd call _read_region failed: ConnectionResetError"
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
@@ -619,7 +651,7 @@ def test_a_client_that_cannot_be_built_is_an_etcd_failure_and_is_tried_again(etc
         return build()
 
     store._build_client = refused
-    with pytest.raises(EtcdUnavailable, match="taken failed: RpcError: UNAVAILABLE"):
+    with pytest.raises(EtcdUnavailable, match="_read_region failed: RpcError: UNAVAILABLE"):
         store.taken()
     assert store.taken() == set() and len(attempts) == 2
 
@@ -664,13 +696,14 @@ def test_a_dead_channel_is_an_etcd_failure_too(etcd):
 
 
 def test_the_first_node_records_the_layout_and_the_same_layout_is_accepted_after(etcd, caplog):
+    etcd.delete("layout")  # a new cluster
     store = etcd.store()
     caplog.set_level(logging.INFO, logger="snowfence.etcd")
     store.check_layout(store.layout)
-    assert [r.getMessage() for r in caplog.records if r.name == "snowfence.etcd"] == [
-        f"recorded layout for cluster unit: {store.layout.describe()}"
-    ]
-    assert Layout.from_dict(etcd.json("layout")) == store.layout
+    [message] = [r.getMessage() for r in caplog.records if r.name == "snowfence.etcd"]
+    assert message.startswith(f"recorded layout for cluster unit: {store.layout.describe()}; new store ")
+    assert "its first claims mint nothing for 6000 ms" in message
+    assert Genesis.from_dict(etcd.json("layout")).layout == store.layout
     revision = etcd.server.kv[PREFIX + "layout"].mod_revision
     etcd.store().check_layout(store.layout)
     assert etcd.server.kv[PREFIX + "layout"].mod_revision == revision
@@ -740,7 +773,9 @@ def test_the_census_lists_held_and_retired_worker_ids_of_every_region_in_order(e
             "region": 2,
             "worker_id": 0,
             "state": "held",
-            "mark_ms": None,
+            "mark_ms": 0,  # written by its claim
+            "mark_token": None,
+            "last_holder": "b",
             "holder": "b",
             "token": fresh.token,
             "lease_id": f"{fresh.lease_id:x}",

@@ -14,6 +14,8 @@ from snowfence.workers.lease import Lease, PreferenceFile, Store
 class MapStore(Store):
     """Worker IDs with marks in a dict; records every try, in order."""
 
+    genesis = "a store that knows itself"  # claims need no check_layout first
+
     def __init__(self, marks: dict[int, int], taken=(), broken=(), skips_far_marks=False) -> None:
         self.marks = marks
         self.taken = set(taken)
@@ -25,7 +27,7 @@ class MapStore(Store):
     def candidates(self):
         return iter(sorted(self.marks))
 
-    def try_claim(self, worker_id, holder, max_mark_ms):
+    def try_claim(self, worker_id, holder, max_mark_ms, now_ms=None):
         self.tries.append((worker_id, max_mark_ms))
         self.holders.append(holder)
         if worker_id in self.broken:

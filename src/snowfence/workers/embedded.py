@@ -356,8 +356,6 @@ class FileStore(Store):
         self.window_ms = window_ms
         #: The store's genesis record, read (or written) by :meth:`check_layout`.
         self.genesis: Genesis | None = None
-        #: The witness outside the store's records: shared by the processes on this state directory.
-        self.journal = journal if journal is not None else Journal(self.root, "embedded")
         #: Names of the kernel's witnesses: the state directory as its path names it.
         self._witness_prefix = "snowfence:" + hashlib.sha256(os.fsencode(os.path.realpath(self.root))).hexdigest()[:24]
         try:
@@ -368,6 +366,8 @@ class FileStore(Store):
         except OSError as exc:
             raise StateDirError(f"state directory {self.root} is not usable: {exc.strerror or exc}") from None
         self._check_filesystem(allow_unsafe_filesystem)
+        #: The witness outside the store's records: shared by the processes on this state directory.
+        self.journal = journal if journal is not None else Journal(self.root, "embedded")
 
     def _check_filesystem(self, allowed: bool) -> None:
         fstype = filesystem_type(self.dir)
@@ -565,8 +565,15 @@ class FileStore(Store):
         mark = self.mark(worker_id)
         return (0, 0) if mark is None else (mark.reserved_until_ms, mark.token)
 
-    def write_mark(self, worker_id: int, mark_ms: int, token: int, holder: str, *, rev: int = 0) -> None:
+    def write_mark(self, worker_id: int, mark_ms: int, token: int, holder: str, *, rev: int | None = None) -> None:
+        """Write a mark durably; ``rev`` by default one above the mark there now (0 if none)."""
         _, mark_path = self.paths(worker_id)
+        if rev is None:
+            try:
+                current = self.mark(worker_id)
+            except WorkerIdUnusable:
+                current = None
+            rev = 0 if current is None else current.rev + 1
         doc = {
             "reserved_until_ms": mark_ms,
             "reserved_until_unix_ms": mark_ms + self.layout.epoch_ms,

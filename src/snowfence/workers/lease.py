@@ -94,6 +94,9 @@ class Store:
     #: our own clock, so the right answer is to wait for it, not to hop.
     skips_far_marks = False
 
+    #: The store's genesis record, once :meth:`check_layout` has read (or written) it.
+    genesis = None
+
     @property
     def passed_over(self) -> dict[int, str]:
         """Worker IDs the last claims passed over because their state cannot be
@@ -130,6 +133,8 @@ class Store:
         mark is more than ``max_ahead_ms`` ahead of ``now_ms``; only if that finds
         nothing does a second pass take them.
         """
+        if self.genesis is None:
+            self.check_layout(self.layout)  # a claim needs to know which store this is
         order = list(self.candidates())
         if preferred is not None and preferred in order:
             order.remove(preferred)

@@ -94,7 +94,6 @@ def open_store(config: Config) -> Store:
             config.region,
             allow_unsafe_filesystem=config.allow_unsafe_filesystem,
             window_ms=window_ms,
-            journal=Journal(config.state_dir, "embedded"),
         )
     from .etcd import EtcdStore
 
