@@ -415,13 +415,21 @@ class EtcdStore(Store):
         client = self.client
         tx = client.transactions
         key = self.layout_key()
-        value, meta = self._get(key)
+        # In one transaction: whether a claim or a mark exists is known as of the same
+        # revision as the layout record's absence (another node may record it meanwhile).
+        marks, claims = self.prefix + "marks/", self.prefix + "workers/"
+        _, (layout_kv, mark_kvs, claim_kvs) = client.transaction(
+            compare=[],
+            success=[tx.get(key), tx.get(marks, _range_end(marks)), tx.get(claims, _range_end(claims))],
+            failure=[],
+        )
+        value, meta = layout_kv[0] if layout_kv else (None, None)
         if value is None:
-            left = [k for k in ("marks/", "workers/") if client.get_prefix(self.prefix + k, keys_only=True)]
+            left = [name for name, kvs in (("marks", mark_kvs), ("workers", claim_kvs)) if kvs]
             if left:
                 raise LayoutMismatch(
                     f"the layout record {key} of cluster {self.config.cluster!r} is missing, but "
-                    f"{' and '.join(k.rstrip('/') for k in left)} remain under {self.prefix}: the layout those IDs "
+                    f"{' and '.join(left)} remain under {self.prefix}: the layout those IDs "
                     "were minted with is unknown, so this node will not start; put the layout record back"
                 )
             if self.journal is not None and self.journal.has_history:
