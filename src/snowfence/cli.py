@@ -237,6 +237,19 @@ def build_parser() -> argparse.ArgumentParser:
     _connect_arg(status)
     status.add_argument("--json", action="store_true", help="Print the status as JSON.")
     _add_config_flags(status, (*LAYOUT_FIELDS, *ETCD_FIELDS), repeatable=("etcd", "cluster"))
+
+    accept = sub.add_parser(
+        "accept-restore",
+        help="Accept a store that went back (restored from a backup, its keys or files deleted), once.",
+        description="Nodes refuse to claim worker IDs from a store that forgot or went back on what their "
+        "journals saw (`snowfence status` says what). If that was done on purpose, say so here, once, with the "
+        "settings the nodes use (--etcd/--cluster, or --state-dir, and the layout): the store gets a new restore "
+        "record, every claim of it waits out a quarantine (the longest reservation window plus the clock-skew "
+        "bound), and the nodes take it at their next claim, keeping their journals' floors. It is no setting: a "
+        "later restore needs another acceptance.",
+    )
+    accept.add_argument("--reason", required=True, metavar="TEXT", help="Why: recorded with the acceptance.")
+    _add_config_flags(accept)
     return parser
 
 
@@ -477,6 +490,36 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"passed over worker ID {worker_id}: {reason}")
     for problem in sorted({w["store_problem"] for w in status["workers"] if w.get("store_problem")}):
         print(f"STORE WENT BACK: {problem}")
+    return 0
+
+
+def cmd_accept_restore(args: argparse.Namespace) -> int:
+    config = _load_config(args)
+    if not args.reason.strip() or not args.reason.isprintable():
+        raise ConfigError("--reason must be printable text")
+    window_ms = int(config.reservation_window_s * 1000)
+    if config.embedded:
+        from .workers.embedded import FileStore
+
+        store = FileStore(config.state_dir, config.layout, config.region, window_ms=window_ms)
+        where = f"state directory {config.state_dir}"
+        if store.journal.problem:
+            print(f"this host's journal had refused: {store.journal.problem}")
+    else:
+        from .workers.etcd import EtcdStore, require_client
+
+        require_client()
+        store = EtcdStore(config)
+        where = f"cluster {config.cluster!r}"
+    try:
+        genesis = store.accept_restore(args.reason.strip())
+    finally:
+        store.close()
+    until = format_unix_ms(genesis.quarantine_until_ms + config.layout.epoch_ms)
+    print(
+        f"accepted restore {genesis.restore.id} of {where} (store {genesis.store_id}): claims mint nothing "
+        f"until {until}; nodes that refused take it at their next claim"
+    )
     return 0
 
 

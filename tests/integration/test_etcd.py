@@ -335,9 +335,12 @@ def test_status_of_the_cluster_lists_held_and_retired_worker_ids(nodes, etcd):
 
 def test_marks_that_are_not_whole_milliseconds_are_passed_over_and_shown_unreadable(nodes, etcd):
     garbage = {0: '{"reserved_until_ms": true}', 1: '{"reserved_until_ms": -5}', 2: '{"reserved_until_ms": 1e17}'}
+    node = nodes.start("g", workers=1, args=etcd_args(etcd, "garbled"))
+    node.wait_ready()  # the cluster's layout is recorded, and worker ID 0 used
+    assert node.stop() == 0
     for worker_id, value in garbage.items():
         assert etcd.ctl("put", f"/snowfence/garbled/marks/0/{worker_id}", value).returncode == 0
-    node = nodes.start("g", workers=1, args=etcd_args(etcd, "garbled"))
+    node = nodes.start("g", workers=1, args=etcd_args(etcd, "garbled"), state_dir=node.state_dir)
     node.wait_ready()
     assert worker_ids(node) == {3}, node.log_tail()
     cmd = [sys.executable, "-m", "snowfence", "status", "--etcd", ",".join(etcd.endpoints), "--cluster", "garbled"]

@@ -63,7 +63,7 @@ from ..errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, State
 from ..ids import Layout
 from ..logs import event
 from .durable import _fsync_dir, _tmp_name, _write_synced, write_atomic
-from .genesis import Genesis
+from .genesis import Genesis, Restore, new_store_id
 from .journal import Journal
 from .lease import Lease, PreferenceFile, Store, embedded_namespace
 
@@ -105,6 +105,15 @@ def filesystem_type(path: str | os.PathLike) -> int | None:
     if statfs(os.fsencode(path), buf) != 0:
         return None
     return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # f_type is the first field
+
+
+def _mark_layout(path: Path) -> str | None:
+    """The layout digest a mark file names (None: an older release's mark, or unreadable)."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return doc.get("layout") if isinstance(doc, dict) and isinstance(doc.get("layout"), str) else None
 
 
 def mark_checksum(doc: dict) -> str:
@@ -503,6 +512,50 @@ class FileStore(Store):
                 self._write_genesis(genesis)
             return genesis
 
+    def accept_restore(self, reason: str) -> Genesis:
+        """An operator's acknowledgement that this store went back (restored, wiped) on
+        purpose: a new restore record in the genesis (written anew, with this layout, if it
+        is gone), and a quarantine every claim of it waits out. Nodes that refused take it
+        at their next claim, with their journal's floors; it is accepted once."""
+        foreign = [path for path in self._mark_files() if _mark_layout(path) not in (None, self.layout.digest())]
+        if foreign:
+            raise LayoutMismatch(
+                f"{len(foreign)} mark files (such as {foreign[0]}) were written under another layout: put the "
+                "layout record they were minted with back instead of accepting this one"
+            )
+        now_unix_ms = time.time_ns() // 1_000_000
+        with self.root_lock():
+            genesis = self.read_genesis()
+            if genesis is None:
+                genesis = Genesis.create(self.layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms)
+            elif genesis.layout != self.layout:
+                raise LayoutMismatch(
+                    f"state directory {self.root} records layout [{genesis.layout.describe()}], not the configured "
+                    f"[{self.layout.describe()}]"
+                )
+            elif not genesis.upgraded:
+                genesis = dataclasses.replace(
+                    Genesis.create(genesis.layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms), legacy=True
+                )
+            used = {r: set(ws) for r, ws in genesis.used.items()}
+            for mark in self._mark_files():
+                region, name = mark.parent.name, mark.name
+                if region.isdigit() and name[7:-5].isdigit():
+                    used.setdefault(int(region), set()).add(int(name[7:-5]))
+            self.genesis = genesis  # quarantine_ms() counts its window
+            genesis = dataclasses.replace(
+                genesis,
+                window_ms=max(genesis.window_ms, self.window_ms),
+                used={r: frozenset(ws) for r, ws in used.items()},
+                restore=Restore(new_store_id(), now_unix_ms, reason),
+                quarantine_until_ms=max(
+                    genesis.quarantine_until_ms, now_unix_ms - self.layout.epoch_ms + self.quarantine_ms()
+                ),
+            )
+            self._write_genesis(genesis)
+        self.genesis = genesis
+        return genesis
+
     def quarantine_ms(self) -> int:
         """How far past the moment it is seen a worker ID of unknown state stays unused: the
         longest reservation window any node of this store used (one host: no clock skew)."""
@@ -678,7 +731,7 @@ class FileStore(Store):
             return genesis.using(self.region, worker_id)
 
         genesis = self.genesis = self._amend_genesis(mark_used)
-        known_ms = self.journal.floor_ms(self.region, worker_id, gone=True)
+        known_ms = self.journal.floor_ms(self.region, worker_id)
         if used_before[0] or known_ms >= 0:
             witness = "genesis record says it was used" if used_before[0] else "journal saw it"
             why = f"its mark is gone, but the {witness}"

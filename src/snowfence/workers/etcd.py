@@ -54,7 +54,7 @@ from ..errors import (
 )
 from ..ids import Layout
 from ..logs import event
-from .genesis import Genesis
+from .genesis import Genesis, Restore, new_store_id
 from .journal import Journal
 from .lease import Lease, Store
 
@@ -536,6 +536,68 @@ class EtcdStore(Store):
                 return genesis
         raise EtcdUnavailable(f"the layout record {key} kept changing under this node")
 
+    def accept_restore(self, reason: str) -> Genesis:
+        """An operator's acknowledgement that this store went back (restored from a snapshot,
+        its keys deleted) on purpose: a new restore record in the genesis (written anew, with
+        this layout, if it is gone), and a quarantine every claim of it waits out. Nodes that
+        refused take it at their next claim, with their journal's floors; it is accepted once."""
+        client = self.client
+        tx = client.transactions
+        key = self.layout_key()
+        marks = self.prefix + "marks/"
+        now_unix_ms = time.time_ns() // 1_000_000
+        for _ in range(5):
+            _, (layout_kv, mark_kvs) = client.transaction(
+                compare=[], success=[tx.get(key), tx.get(marks, _range_end(marks))], failure=[]
+            )
+            used: dict[int, set[int]] = {}
+            for value, meta in mark_kvs:
+                place = _place(meta.key, marks)
+                if place is None:
+                    continue
+                try:
+                    layout = orjson.loads(value).get("layout")
+                except (ValueError, AttributeError):
+                    layout = None
+                if layout is not None and layout != self.layout.digest():
+                    raise LayoutMismatch(
+                        f"the mark {meta.key.decode()} was written under another layout: put the layout record "
+                        "it was minted with back instead of accepting this one"
+                    )
+                used.setdefault(place[0], set()).add(place[1])
+            if layout_kv:
+                genesis = self._parse_genesis(layout_kv[0][0])
+                if genesis.layout != self.layout:
+                    raise LayoutMismatch(
+                        f"cluster {self.config.cluster!r} records layout [{genesis.layout.describe()}], not the "
+                        f"configured [{self.layout.describe()}]"
+                    )
+                compare = [tx.mod(key) == layout_kv[0][1].mod_revision]
+                if not genesis.upgraded:
+                    genesis = dataclasses.replace(
+                        Genesis.create(self.layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms), legacy=True
+                    )
+            else:
+                genesis = Genesis.create(self.layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms)
+                compare = [tx.create(key) == 0]
+            for region, workers in genesis.used.items():
+                used.setdefault(region, set()).update(workers)
+            self.genesis = genesis  # quarantine_ms() counts its window
+            genesis = dataclasses.replace(
+                genesis,
+                window_ms=max(genesis.window_ms, self.window_ms),
+                used={r: frozenset(ws) for r, ws in used.items()},
+                restore=Restore(new_store_id(), now_unix_ms, reason),
+                quarantine_until_ms=max(genesis.quarantine_until_ms, self._now_ms() + self.quarantine_ms()),
+            )
+            ok, _ = client.transaction(compare=compare, success=[tx.put(key, orjson.dumps(genesis.to_dict()))])
+            if ok:
+                self.genesis = genesis
+                return genesis
+        raise EtcdUnavailable(f"the layout record {key} kept changing under this command")
+
+    accept_restore = _etcd_call(accept_restore)
+
     def mark_value(self, mark_ms: int, holder: str, token: int | None) -> bytes:
         return orjson.dumps(
             {
@@ -675,7 +737,7 @@ class EtcdStore(Store):
         now_ms = self._now_ms() if now_ms is None else now_ms
         floors = [genesis.quarantine_until_ms]
         if self.journal is not None:
-            floors.append(self.journal.floor_ms(self.region, worker_id, gone=value is None))
+            floors.append(self.journal.floor_ms(self.region, worker_id))
         unknown = None
         if value is None:
             if genesis.is_used(self.region, worker_id) or (self.journal is not None and floors[-1] >= 0):

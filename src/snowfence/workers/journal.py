@@ -9,9 +9,10 @@ directory), in its own state directory::
 
     epochs   per identity of the store (genesis store ID, etcd cluster ID, the
              restore an operator last accepted): the highest etcd revision seen,
-             and per worker ID the newest mark seen or written, as its revision
-             (etcd: the key's mod_revision; embedded: the mark's own ``rev``) and
-             its millisecond
+             and per worker ID the newest mark seen or written (its revision, etcd:
+             the key's mod_revision, embedded: the mark's own ``rev``, and its
+             millisecond), and its peak: the highest millisecond seen since this
+             node last wrote it (a claim mints above it, whatever the store says)
     acks     the accepted restores (``snowfence accept-restore``) this node took
     window_ms the longest reservation window any genesis of this store recorded
     problem  what went back, once seen: claims are refused until a restore is
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import orjson
 
-from ..errors import StateDirError, StoreWentBack
+from ..errors import StateDirError, StoreWentBack, WorkerIdUnusable
 from ..logs import event
 from .durable import write_atomic
 from .genesis import Genesis
@@ -63,10 +64,13 @@ def _mark_key(region: int, worker_id: int) -> str:
 class Journal:
     """One node's witness of one store. Thread-safe: the loop and the keepers share it."""
 
-    def __init__(self, state_dir: str | os.PathLike, name: str) -> None:
+    def __init__(self, state_dir: str | os.PathLike, name: str, *, marks_store_wide: bool = False) -> None:
         self.path = Path(state_dir) / "journal" / f"{name}.json"
+        #: Whether a mark that went back means the whole store did (etcd: only a restore can
+        #: give a key an older revision) or only that worker ID (a file put back).
+        self.marks_store_wide = marks_store_wide
         self._lock = threading.Lock()
-        #: epoch key -> {"revision": int, "marks": {"r/w": [rev, ms]}, "seq": int (order first seen)}
+        #: epoch key -> {"revision": int, "marks": {"r/w": [rev, ms, peak_ms, own]}, "seq": int (order first seen)}
         self.epochs: dict[str, dict] = {}
         self.acks: set[str] = set()
         self.window_ms = 0
@@ -100,7 +104,7 @@ class Journal:
                 if type(revision) is not int or type(seq) is not int or not isinstance(marks, dict):
                     raise ValueError(f"epoch {key} is damaged")
                 for mark in marks.values():
-                    if not (isinstance(mark, list) and len(mark) == 2 and all(type(v) is int for v in mark)):
+                    if not (isinstance(mark, list) and len(mark) == 4 and all(type(v) is int for v in mark)):
                         raise ValueError(f"a mark of epoch {key} is damaged")
             if not isinstance(doc["acks"], list) or not all(isinstance(a, str) for a in doc["acks"]):
                 raise ValueError("acks is damaged")
@@ -125,8 +129,13 @@ class Journal:
             ours["seq"] = min(ours["seq"], theirs["seq"])
             for mkey, mark in theirs["marks"].items():
                 mine = ours["marks"].get(mkey)
-                if mine is None or tuple(mark) > tuple(mine):
+                if mine is None:
                     ours["marks"][mkey] = list(mark)
+                    continue
+                newer, older = (mark, mine) if mark[0] > mine[0] else (mine, mark)
+                # A peak outlives newer sightings; only this node's own newer write resets it.
+                peak = newer[2] if newer[3] and newer[0] > older[0] else max(newer[2], older[2])
+                ours["marks"][mkey] = [newer[0], newer[1], peak, newer[3]]
         self.acks |= set(doc["acks"])
         self.window_ms = max(self.window_ms, doc["window_ms"])
         if doc["problem"] and not self.problem:
@@ -293,8 +302,8 @@ class Journal:
 
         Raises StoreWentBack if it went back: a lower revision than the journal
         saw (a copy put back, a restored store), or the same revision with
-        another millisecond. A mark that is gone is not checked here: the
-        journal's floor (:meth:`floor_ms`) then stands in for it."""
+        another millisecond. A mark that is gone, or set lower at a newer
+        revision, is not refused: the journal's floor (:meth:`floor_ms`) stands in."""
         with self._lock:
             if self.problem is not None:
                 raise StoreWentBack(self.problem)
@@ -304,13 +313,24 @@ class Journal:
             mkey = _mark_key(region, worker_id)
             seen = epoch["marks"].get(mkey)
             if seen is not None and (rev < seen[0] or (rev == seen[0] and ms != seen[1])):
-                raise self._went_back(
+                what = (
                     f"the mark of worker ID {worker_id} (region {region}) went back: the store has revision {rev} "
-                    f"at {ms} ms, this node's journal saw revision {seen[0]} at {seen[1]} ms; the store was "
-                    "restored from a backup; claims are refused until an operator runs `snowfence accept-restore`"
+                    f"at {ms} ms, this node's journal saw revision {seen[0]} at {seen[1]} ms"
+                )
+                if not self.marks_store_wide:
+                    raise WorkerIdUnusable(
+                        f"{what}: an older copy was put back; it is passed over until an operator runs "
+                        "`snowfence accept-restore`"
+                    )
+                raise self._went_back(
+                    f"{what}: the store was restored from an older snapshot; claims are refused until an "
+                    "operator runs `snowfence accept-restore`"
                 )
             if ms is not None and (seen is None or rev > seen[0]):
-                epoch["marks"][mkey] = [rev, ms]
+                # Not ours: the peak keeps the highest millisecond seen, so a mark set
+                # lower by anyone but this node (a release elsewhere, an operator's put)
+                # never lowers the floor this node claims it with.
+                epoch["marks"][mkey] = [rev, ms, max(ms, seen[2] if seen else ms), 0]
                 self._dirty = True
 
     def note_mark(self, region: int, worker_id: int, rev: int, ms: int, revision: int | None = None) -> None:
@@ -322,25 +342,18 @@ class Journal:
             mkey = _mark_key(region, worker_id)
             seen = epoch["marks"].get(mkey)
             if seen is None or rev >= seen[0]:
-                epoch["marks"][mkey] = [rev, ms]
+                epoch["marks"][mkey] = [rev, ms, ms, 1]  # ours: we know what we may have minted
             if revision is not None and revision > epoch["revision"]:
                 epoch["revision"] = revision
             self._save()
 
-    def floor_ms(self, region: int, worker_id: int, *, gone: bool = False) -> int:
-        """The highest millisecond of ``worker_id`` this journal saw that the store may have
-        forgotten (-1: none): its marks in the store's earlier epochs (before an accepted
-        restore), and, when its mark is ``gone`` from the store, the current epoch's too."""
+    def floor_ms(self, region: int, worker_id: int) -> int:
+        """The highest millisecond of ``worker_id`` this journal knows may have been minted
+        (-1: none), in any epoch: the peak of what it saw since it last wrote the mark
+        itself. A claim mints above it whatever the store says now."""
         mkey = _mark_key(region, worker_id)
         with self._lock:
-            return max(
-                (
-                    e["marks"][mkey][1]
-                    for k, e in self.epochs.items()
-                    if mkey in e["marks"] and (gone or k != self.current)
-                ),
-                default=-1,
-            )
+            return max((e["marks"][mkey][2] for e in self.epochs.values() if mkey in e["marks"]), default=-1)
 
     def describe(self) -> dict:
         with self._lock:

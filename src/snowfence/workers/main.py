@@ -97,7 +97,7 @@ def open_store(config: Config) -> Store:
         )
     from .etcd import EtcdStore
 
-    return EtcdStore(config, journal=Journal(config.state_dir, journal_name(config)))
+    return EtcdStore(config, journal=Journal(config.state_dir, journal_name(config), marks_store_wide=True))
 
 
 def journal_name(config: Config) -> str:
