@@ -89,6 +89,13 @@ class Config:
         "Directory for worker-ID locks and marks (embedded mode) and each worker's last worker ID.",
         metavar="DIR",
     )
+    journal_dir: str = setting(
+        "",
+        "Directory of the node's journal: what it saw its store hold, so a store that forgets (keys deleted, a "
+        "backup restored) is caught. Empty: <state_dir>/journal. On another disk, it outlives a wiped or restored "
+        "state directory too.",
+        metavar="DIR",
+    )
     allow_unsafe_filesystem: bool = setting(
         False,
         "Run embedded mode on a state directory whose filesystem (NFS, FUSE, CIFS, ...) may not make flock "
@@ -328,6 +335,10 @@ class Config:
             sequence_bits=self.sequence_bits,
             shard_bits=self.shard_bits,
         )
+
+    @property
+    def journal_path(self) -> str:
+        return self.journal_dir or os.path.join(self.state_dir, "journal")
 
     @property
     def worker_count(self) -> int:

@@ -225,6 +225,43 @@ class EtcdServer:
         self.rev = rev
         return ok, responses
 
+    # -- what operators do to an etcd
+    def put_key(self, key: str, value: bytes) -> None:
+        """``etcdctl put`` (no lease)."""
+        from pyetcd import transactions as tx
+
+        self.txn([], [tx.Put(key, value)], [])
+
+    def delete_prefix(self, prefix: str) -> int:
+        """``etcdctl del --prefix``: the keys go, whoever held them; their leases stay."""
+        self.expire()
+        keys = [k for k in self.kv if k.startswith(prefix)]
+        for key in keys:
+            del self.kv[key]
+        if keys:
+            self.rev += 1
+            self.world.marks_dirty = True
+        return len(keys)
+
+    def snapshot(self) -> tuple:
+        """``etcdctl snapshot save``: the keys, their revisions and the leases, as of now."""
+        self.expire()
+        kv = {k: KV(v.value, v.create_revision, v.mod_revision, v.version, v.lease) for k, v in self.kv.items()}
+        leases = {lid: [v[0], v[1], set(v[2])] for lid, v in self.leases.items()}
+        return self.rev, kv, leases
+
+    def restore(self, snapshot: tuple, bump: int = 0) -> set[int]:
+        """``etcdutl snapshot restore`` (``--bump-revision`` if ``bump``) and the cluster
+        restarted on it: keys, revisions and leases go back; the new leader renews every
+        lease to its full TTL. Returns the leases that were granted since the snapshot."""
+        rev, kv, leases = snapshot
+        lost = set(self.leases) - set(leases)
+        self.kv = {k: KV(v.value, v.create_revision, v.mod_revision, v.version, v.lease) for k, v in kv.items()}
+        self.leases = {lid: [v[0], self.world.T + v[0] * NS, set(v[2])] for lid, v in leases.items()}
+        self.rev = rev + bump
+        self.world.marks_dirty = True
+        return lost
+
     def delete_key(self, key: str) -> bool:
         """An operator's ``etcdctl del``: the key goes, whoever held it."""
         self.expire()

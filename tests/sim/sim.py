@@ -55,13 +55,16 @@ from snowfence.errors import (
     ClockUnsafe,
     ConfigError,
     Fenced,
+    LayoutMismatch,
     Refused,
     ReservationExpired,
     SnowfenceError,
+    StateDirError,
     TokenAhead,
 )
 from snowfence.workers import embedded as embedded_mod
 from snowfence.workers import etcd as etcd_mod
+from snowfence.workers import journal as journal_mod
 from snowfence.workers import lease as lease_mod
 from snowfence.workers import states as states_mod
 from snowfence.workers.minter import Minter
@@ -71,7 +74,7 @@ from snowfence.workers.states import READY, State
 _HARNESS = str(Path(__file__).resolve().parent.parent / "harness")
 if _HARNESS not in sys.path:
     sys.path.insert(0, _HARNESS)
-from fake_etcd import NS, EtcdServer, RpcError  # noqa: E402
+from fake_etcd import NS, DirectClient, EtcdServer, RpcError  # noqa: E402
 
 MS = 1_000_000
 
@@ -181,6 +184,7 @@ class Held:
         "doomed",
         "doomed_checked",
         "stopped",
+        "owner",
     )
 
     def __init__(self, lease, keeper, minter, thread) -> None:
@@ -195,6 +199,8 @@ class Held:
         self.doomed = False
         self.doomed_checked = False
         self.stopped = False
+        #: Which claim of the schedule this is: owners of a worker ID in the order they claimed it.
+        self.owner = 0
 
 
 class SimWake:
@@ -439,7 +445,9 @@ class Checker:
                     f"(fence {w.fence_ns} ns)",
                 )
             lease = w.etcd.leases.get(lid)
-            if lease is None or lease[1] <= t0_true:
+            if (lease is None or lease[1] <= t0_true) and lid not in w.restored_leases:
+                # (A lease a restore took away is gone without having expired: its holder
+                # learns it at its next renewal, as a paused one does; the marks guard.)
                 return "stale owner minted", "after its etcd lease expired"
         if w.kind == "etcd" and h.lease.lease_id in w.told_lost:
             return "stale owner minted", "after etcd said its lease is gone"
@@ -480,32 +488,34 @@ class Checker:
                 if a <= last and first <= b:
                     self.fail(f"ID issued twice: worker ID {wid} block {first}..{last} overlaps {a}..{b}")
         blocks.insert(i, (first, last))
-        # Increasing across owners? (Checked so far for every pair of owners, the
-        # ranges are ordered like their tokens: comparing with the neighbours in
-        # token order is comparing with all.)
+        # Increasing across owners, in the order they claimed (tokens are no order: a
+        # restored etcd hands out revisions again, a wiped state directory tokens)?
+        # Checked so far for every pair of owners, the ranges are ordered like their
+        # claims: comparing with the neighbours in that order is comparing with all.
+        owner = h.owner
         ranges = self.by_token.get(wid)
         if ranges is None:
             ranges = self.by_token[wid] = {}
             self.tokens[wid] = []
         order = self.tokens[wid]
-        mine = ranges.get(token)
+        mine = ranges.get(owner)
         if mine is None:
-            i = bisect.bisect_left(order, token)
-            order.insert(i, token)
-            mine = ranges[token] = [first, first - 1]
+            i = bisect.bisect_left(order, owner)
+            order.insert(i, owner)
+            mine = ranges[owner] = [first, first - 1]
         else:
-            i = bisect.bisect_left(order, token)
+            i = bisect.bisect_left(order, owner)
         if first <= mine[1]:
             self.fail(f"worker ID {wid} token {token}: block {first} is not above the owner's last ID {mine[1]}")
         if i > 0 and ranges[order[i - 1]][1] >= first:
             self.fail(
-                f"worker ID {wid}: token {token} minted {first}, not above token {order[i - 1]}'s ID "
-                f"{ranges[order[i - 1]][1]}"
+                f"worker ID {wid}: owner {owner} (token {token}) minted {first}, not above the previous owner "
+                f"{order[i - 1]}'s ID {ranges[order[i - 1]][1]}"
             )
         if i + 1 < len(order) and ranges[order[i + 1]][0] <= last:
             self.fail(
-                f"worker ID {wid}: token {token} minted {last}, not below token {order[i + 1]}'s ID "
-                f"{ranges[order[i + 1]][0]}"
+                f"worker ID {wid}: owner {owner} (token {token}) minted {last}, not below the next owner "
+                f"{order[i + 1]}'s ID {ranges[order[i + 1]][0]}"
             )
         mine[1] = last
         if ms > self.max_ms.get(wid, -1):
@@ -578,16 +588,33 @@ class World:
             clock_policy=policy,
             max_ahead_ms=min(1000, int(window * 1000) - 1),
             loop_stall_s=5.0 * scale,
+            # The hosts' clocks are up to 2 s apart, and drift up to 500 ppm.
+            max_clock_skew_ms=2100,
             cluster="sim",
         )
-        self.tmp: str | None = None
+        # Embedded: the state directory every process shares. etcd: each host's own (its journal).
+        self.tmp: str | None = tempfile.mkdtemp(prefix="snowfence-sim-", dir=shm)
+        self.config_kwargs["state_dir"] = self.tmp
+        # The journal on another disk than the state directory: what a wipe or a restore of
+        # the state directory leaves (one on the same disk goes with it: no witness is left,
+        # the case RELIABILITY.md writes down).
+        self.config_kwargs["journal_dir"] = self.tmp + "-journal"
         if self.kind == "etcd":
             self.config_kwargs["etcd"] = ("http://127.0.0.1:2379", "http://127.0.0.1:2380", "http://127.0.0.1:2381")
             self.etcd = EtcdServer(self)
+            #: Copies of etcd taken now and then, for the snapshot-restore fault.
+            self.snapshots: list = []
         else:
-            self.tmp = tempfile.mkdtemp(prefix="snowfence-sim-", dir=shm)
-            self.config_kwargs["state_dir"] = self.tmp
             self.etcd = None
+            #: Earlier copies of mark files, for the rolled-back-mark fault: {worker ID: bytes}.
+            self.old_marks: dict[int, bytes] = {}
+        #: The highest mark each worker ID had before an operator's fault took it away: the
+        #: checker's own memory, since the store's is what the faults attack.
+        self.erased_high: dict[int, int] = {}
+        #: Leases a restore of etcd took away: their holders learn it at their next renewal.
+        self.restored_leases: set[int] = set()
+        #: Workers that refused to boot on a store whose layout record is gone.
+        self.boot_refusals: list[str] = []
         self.config = Config(**self.config_kwargs)
         self.layout = self.config.layout
         self.fence_ns = int(self.config.fence_after_s * NS)
@@ -609,8 +636,11 @@ class World:
             clock = HostClock(self, mono0, base_wall + skew - mono0, rng.uniform(-500, 500))
             node = Node(self, i, clock)
             self.nodes.append(node)
+            config = self.config
+            if self.kind == "etcd":
+                config = Config(**{**self.config_kwargs, "state_dir": f"{self.tmp}/host{i}"})
             for slot in range(rng.choice([1, 1, 2]) if self.kind == "etcd" else rng.choice([2, 3])):
-                proc = Proc(self, node, slot, self.config)
+                proc = Proc(self, node, slot, config)
                 node.procs.append(proc)
                 self.procs.append(proc)
         self.long = long
@@ -697,14 +727,25 @@ class World:
         return value
 
     def _read_mark(self, wid: int) -> int:
-        if self.kind == "etcd":
-            kv = self.etcd.kv.get(f"/snowfence/sim/marks/{self.region}/{wid}")
-            return -1 if kv is None else orjson.loads(kv.value)["reserved_until_ms"]
+        """The mark of ``wid`` as the store has it, or as it had it before an operator's fault."""
+        return max(self._store_mark(wid), self.erased_high.get(wid, -1))
+
+    def _store_mark(self, wid: int) -> int:
         try:
-            with open(f"{self.tmp}/regions/{self.region}/worker-{wid}.mark", "rb") as f:
-                return orjson.loads(f.read())["reserved_until_ms"]
-        except FileNotFoundError:
-            return -1
+            if self.kind == "etcd":
+                kv = self.etcd.kv.get(f"/snowfence/sim/marks/{self.region}/{wid}")
+                raw = None if kv is None else kv.value
+            else:
+                with open(f"{self.tmp}/regions/{self.region}/worker-{wid}.mark", "rb") as f:
+                    raw = f.read()
+            return -1 if raw is None else orjson.loads(raw)["reserved_until_ms"]
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return -1  # gone, or damaged by a fault
+
+    def forget(self, wids) -> None:
+        """An operator's fault is about to take these marks away: remember how high they were."""
+        for wid in wids:
+            self.erased_high[wid] = self._read_mark(wid)
 
     # -- processes
     def start(self, p: Proc) -> None:
@@ -717,13 +758,22 @@ class World:
         p.next_claim = 0
         p.claim_backoff = 0.25
         p.loop = Thread(p, "loop")
+        window_ms = int(p.config.reservation_window_s * 1000)
         if self.kind == "etcd":
-            store = etcd_mod.EtcdStore(p.config)
+            journal = journal_mod.Journal(p.config.journal_path, "etcd-sim", marks_store_wide=True)
+            store = etcd_mod.EtcdStore(p.config, mono_ns=p.mono_ns, journal=journal, wall_ns=p.node.clock.wall)
             store._build_client = lambda: FakeClient(
                 self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)], p.config.etcd_timeout_s
             )
         else:
-            store = embedded_mod.FileStore(p.config.state_dir, self.layout, self.region)
+            store = embedded_mod.FileStore(
+                p.config.state_dir,
+                self.layout,
+                self.region,
+                window_ms=window_ms,
+                wall_ns=p.node.clock.wall,
+                journal=journal_mod.Journal(p.config.journal_path, "embedded"),
+            )
         p.store = store
         self.at(self.T, p.loop, self.tick, p)
         self.at(self.T + self.rng.randrange(1, 50 * MS), p.loop, self.request, p)
@@ -882,7 +932,12 @@ class World:
             preferred = p.preferences[index].read() if p.preferences else p.preferred[index]
             lease = store.claim(preferred, p.holder, now_ms, max_ahead_ms=self.window_ms + 2000)
         except ConfigError as exc:
-            raise Violation(f"a worker could not boot: {exc}") from None
+            if not (isinstance(exc, LayoutMismatch) or isinstance(exc, StateDirError)) or "is missing" not in str(exc):
+                raise Violation(f"a worker could not boot: {exc}") from None
+            # The layout record was deleted while marks remain: refusing to boot is the
+            # design (the real supervisor halts the node); the operator is to act.
+            self.boot_refusals.append(str(exc))
+            lease = None
         except SnowfenceError:
             lease = None
         self.marks_dirty = True
@@ -919,13 +974,14 @@ class World:
             stall_s=config.loop_stall_s,
         )
         h = Held(lease, keeper, minter, Thread(p, f"keeper-{lease.worker_id}"))
+        self.counts["claims"] += 1
+        h.owner = self.counts["claims"]
         wake.held = h
         p.held.append(h)
         p.dirty = True
         p.preferred[index] = lease.worker_id
         if p.preferences:
             p.preferences[index].write(lease.worker_id, lease.token)
-        self.counts["claims"] += 1
         h.gen = self.keeper_run(keeper)
         self.at(self.T, h.thread, self.keeper_step, p, h, 0)
         return True
@@ -966,6 +1022,62 @@ class World:
             t = rng.randrange(self.horizon)
             kind = rng.choice(kinds)
             self.at(t, None, self.fault, kind)
+        # The store forgetting (an operator's mistake, a restore) is rarer: a few a schedule,
+        # and an operator who notices the nodes refusing and accepts the store as it is.
+        for _ in range(rng.randint(0, STORE_FAULTS_MAX) * (LONG_FACTOR if self.long else 1)):
+            self.at(rng.randrange(self.horizon), None, self.fault, rng.choice(STORE_FAULT_KINDS[self.kind]))
+        self.at(rng.randrange(NS), None, self.backup)
+        self.at(rng.randrange(NS), None, self.operator)
+
+    # -- the store forgetting, and the operator
+    def backup(self) -> None:
+        """Now and then, a copy: etcd's snapshot, or the state directory's mark files."""
+        self.at(self.T + self.rng.randrange(NS, 4 * NS), None, self.backup)
+        if self.kind == "etcd":
+            self.snapshots.append(self.etcd.snapshot())
+            del self.snapshots[:-8]
+        else:
+            region = Path(self.tmp) / "regions" / str(self.region)
+            for mark in region.glob("worker-*.mark"):
+                try:
+                    self.old_marks[int(mark.name[7:-5])] = mark.read_bytes()
+                except (OSError, ValueError):
+                    continue
+
+    def problems(self) -> list[str]:
+        """What the nodes' journals say went back, and the worker IDs they pass over for it."""
+        out = []
+        for q in self.procs:
+            journal = getattr(q.store, "journal", None) if q.up else None
+            if journal is not None and journal.problem:
+                out.append(journal.problem)
+            if q.up and q.store is not None:
+                out += [why for why in q.store.passed_over.values() if "accept-restore" in why]
+        out += self.boot_refusals
+        return out
+
+    def operator(self) -> None:
+        """Someone watching `snowfence status`: the nodes refuse because the store went back;
+        after a while the operator accepts the store as it is (`snowfence accept-restore`)."""
+        self.at(self.T + self.rng.randrange(NS, 3 * NS), None, self.operator)
+        if not self.problems():
+            return
+        config = self.procs[0].config
+        wall = self.nodes[0].clock.wall
+        if self.kind == "etcd":
+            store = etcd_mod.EtcdStore(config, wall_ns=wall)
+            store._build_client = lambda: DirectClient(self.etcd)
+        else:
+            store = embedded_mod.FileStore(
+                self.tmp, self.layout, self.region, window_ms=self.window_ms, wall_ns=wall
+            )
+        try:
+            store.accept_restore("the simulator's operator")
+        except (SnowfenceError, OSError):
+            return  # tried again at the next look
+        self.marks_dirty = True
+        self.boot_refusals.clear()
+        self.counts["restores_accepted"] = self.counts.get("restores_accepted", 0) + 1
 
     def fault(self, kind: str) -> None:
         rng = self.rng
@@ -1036,6 +1148,8 @@ class World:
             self.etcd.delete_key(f"/snowfence/sim/workers/{self.region}/{h.lease.worker_id}")
             if rng.random() < 0.5:
                 self.at(T + rng.randrange(1, 3 * NS), None, self.fault_on, "restart", q, q.node)
+        elif kind in STORE_FAULT_KINDS[self.kind]:
+            return self.store_fault(kind)
         elif kind == "remove_lock":
             wid = rng.randrange(self.layout.max_worker + 1)
             lock = Path(self.tmp) / "regions" / str(self.region) / f"worker-{wid}.lock"
@@ -1049,6 +1163,68 @@ class World:
                         h.doomed = True
         else:  # pragma: no cover
             raise AssertionError(kind)
+
+    def store_fault(self, kind: str) -> bool | None:
+        """The store forgets or goes back (False: nothing to apply it to)."""
+        rng = self.rng
+        wids = range(self.layout.max_worker + 1)
+        if self.kind == "etcd":
+            etcd = self.etcd
+            prefix = "/snowfence/sim/"
+            if kind == "delete_prefix":  # etcdctl del --prefix /snowfence/sim/
+                self.forget(wids)
+                etcd.delete_prefix(prefix)
+            elif kind == "snapshot_restore":  # etcdutl snapshot restore, and etcd restarted
+                if not self.snapshots:
+                    return False
+                self.forget(wids)
+                lost = etcd.restore(rng.choice(self.snapshots), bump=rng.choice([0, 0, 1000]))
+                self.restored_leases |= lost
+            elif kind == "delete_layout":
+                return etcd.delete_key(prefix + "layout") or False
+            else:
+                key = f"{prefix}marks/{self.region}/{rng.choice(wids)}"
+                if key not in etcd.kv:
+                    return False
+                if kind == "mark_corrupt":
+                    value = b'{"reserved_until_ms": "soon"'
+                else:  # mark_rollback: an older value of it put back (etcdctl put)
+                    older = [snap[1][key].value for snap in self.snapshots if key in snap[1]]
+                    if not older:
+                        return False
+                    value = rng.choice(older)
+                self.forget([int(key.rsplit("/", 1)[1])])
+                etcd.put_key(key, value)
+            return None
+        root = Path(self.tmp)
+        region = root / "regions" / str(self.region)
+        if kind == "wipe_state_dir":
+            self.forget(wids)
+            for entry in root.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        elif kind == "delete_layout":
+            try:
+                self.saved_layout = (root / "layout.json").read_bytes()
+                (root / "layout.json").unlink()
+            except FileNotFoundError:
+                return False
+        else:
+            wid = rng.choice(wids)
+            mark = region / f"worker-{wid}.mark"
+            if kind == "mark_corrupt":
+                if not mark.exists():
+                    return False
+                value = b'{"reserved_until_ms": 1, "checksum": "crc32:00000000"}'
+            else:  # mark_rollback: an older copy of it put back
+                if wid not in self.old_marks or not mark.exists():
+                    return False
+                value = self.old_marks[wid]
+            self.forget([wid])
+            mark.write_bytes(value)
+        return None
 
     def _step(self, clock: HostClock, dt: int) -> None:
         clock.off += dt
@@ -1093,6 +1269,7 @@ class World:
             p.up = False
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            shutil.rmtree(self.tmp + "-journal", ignore_errors=True)
             self.tmp = None
 
 
@@ -1113,6 +1290,13 @@ COUNTS = (1, 1, 3, 17, 64, 100, 4096)
 REQUEST_GAPS_MS = (15, 50, 200)
 #: The long profile's schedules last this many times longer, with as many more faults.
 LONG_FACTOR = 5
+
+#: Faults of the store itself (what an operator or a restore does), a few a schedule.
+STORE_FAULTS_MAX = 3
+STORE_FAULT_KINDS = {
+    "etcd": ["delete_prefix", "snapshot_restore", "delete_layout", "mark_rollback", "mark_corrupt"],
+    "embedded": ["wipe_state_dir", "delete_layout", "mark_rollback", "mark_corrupt"],
+}
 
 PROCESS_FAULTS = {"crash", "restart", "pause", "pause_in_call"}
 _COMMON = ["crash", "restart", "pause", "pause_in_call", "step_back", "step_forward", "freeze", "drift"]

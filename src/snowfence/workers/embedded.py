@@ -53,13 +53,21 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from ..errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
+from ..errors import (
+    ConfigError,
+    LayoutMismatch,
+    LeaseLost,
+    StateDirBusy,
+    StateDirError,
+    StoreWentBack,
+    WorkerIdUnusable,
+)
 from ..ids import Layout
 from ..logs import event
 from .durable import _fsync_dir, _tmp_name, _write_synced, write_atomic
@@ -356,8 +364,11 @@ class FileStore(Store):
         allow_unsafe_filesystem: bool = False,
         window_ms: int = 5000,
         journal: Journal | None = None,
+        wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.root = Path(state_dir)
+        #: The wall clock a genesis is stamped with and a quarantine counted from (the minter's).
+        self._wall_ns = wall_ns
         self.layout = layout
         self.region = layout.check_region(region)
         self.dir = self.root / "regions" / str(region)
@@ -376,7 +387,7 @@ class FileStore(Store):
             raise StateDirError(f"state directory {self.root} is not usable: {exc.strerror or exc}") from None
         self._check_filesystem(allow_unsafe_filesystem)
         #: The witness outside the store's records: shared by the processes on this state directory.
-        self.journal = journal if journal is not None else Journal(self.root, "embedded")
+        self.journal = journal if journal is not None else Journal(self.root / "journal", "embedded")
 
     def _check_filesystem(self, allowed: bool) -> None:
         fstype = filesystem_type(self.dir)
@@ -446,7 +457,7 @@ class FileStore(Store):
             # First start: record ours by an exclusive create of a complete file
             # (link(2) fails if the name exists), so of two nodes starting at once
             # exactly one records its genesis and the other reads it back.
-            now_unix_ms = time.time_ns() // 1_000_000
+            now_unix_ms = self._wall_ns() // 1_000_000
             genesis = Genesis.create(layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms)
             tmp = _tmp_name(path)
             try:
@@ -482,7 +493,8 @@ class FileStore(Store):
         with self.root_lock():
             genesis = self.read_genesis()
             if genesis is None:
-                raise StateDirError(f"{self._layout_path()} was removed while this node used it")
+                self.journal.check_genesis(None)  # the journal knew it: refused, and remembered
+                raise StoreWentBack(f"{self._layout_path()} was removed while this node used it")
             before = genesis
             if not genesis.upgraded:
                 # An older release's store: every worker ID with a mark was used; marks
@@ -493,7 +505,7 @@ class FileStore(Store):
                     if region.isdigit() and name[7:-5].isdigit():
                         used.setdefault(int(region), set()).add(int(name[7:-5]))
                 genesis = dataclasses.replace(
-                    Genesis.create(genesis.layout, now_unix_ms=time.time_ns() // 1_000_000, window_ms=0),
+                    Genesis.create(genesis.layout, now_unix_ms=self._wall_ns() // 1_000_000, window_ms=0),
                     used={r: frozenset(ws) for r, ws in used.items()},
                     legacy=True,
                 )
@@ -523,7 +535,7 @@ class FileStore(Store):
                 f"{len(foreign)} mark files (such as {foreign[0]}) were written under another layout: put the "
                 "layout record they were minted with back instead of accepting this one"
             )
-        now_unix_ms = time.time_ns() // 1_000_000
+        now_unix_ms = self._wall_ns() // 1_000_000
         with self.root_lock():
             genesis = self.read_genesis()
             if genesis is None:
@@ -699,7 +711,7 @@ class FileStore(Store):
 
     def _unknown_floor(self, worker_id: int, now_ms: int | None, why: str) -> int:
         """The floor of a worker ID whose state is unknown: a quarantine from now."""
-        now_ms = time.time_ns() // 1_000_000 - self.layout.epoch_ms if now_ms is None else now_ms
+        now_ms = self._wall_ns() // 1_000_000 - self.layout.epoch_ms if now_ms is None else now_ms
         floor = now_ms + self.quarantine_ms()
         event(
             log,

@@ -266,10 +266,16 @@ class EtcdStore(Store):
     skips_far_marks = True
 
     def __init__(
-        self, config: Config, mono_ns: Callable[[], int] = time.monotonic_ns, journal: Journal | None = None
+        self,
+        config: Config,
+        mono_ns: Callable[[], int] = time.monotonic_ns,
+        journal: Journal | None = None,
+        wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         require_client()
         self.config = config
+        #: The wall clock a genesis is stamped with and a quarantine counted from (the minter's).
+        self._wall_ns = wall_ns
         #: The node's witness of this store (workers pass theirs; status and membership read without one).
         self.journal = journal
         #: This node's reservation window, recorded in the genesis if it is the longest.
@@ -400,7 +406,7 @@ class EtcdStore(Store):
         return max(windows) + self.config.max_clock_skew_ms
 
     def _now_ms(self) -> int:
-        return time.time_ns() // 1_000_000 - self.layout.epoch_ms
+        return self._wall_ns() // 1_000_000 - self.layout.epoch_ms
 
     def check_layout(self, layout: Layout) -> None:
         """Read the genesis record, or write it on a new store; check the layout and the journal.
@@ -437,7 +443,7 @@ class EtcdStore(Store):
             quarantine = self.quarantine_ms()
             genesis = Genesis.create(
                 layout,
-                now_unix_ms=time.time_ns() // 1_000_000,
+                now_unix_ms=self._wall_ns() // 1_000_000,
                 window_ms=self.window_ms,
                 quarantine_until_ms=self._now_ms() + quarantine,
             )
@@ -507,7 +513,7 @@ class EtcdStore(Store):
                     if place is not None:
                         used.setdefault(place[0], set()).add(place[1])
                 genesis = dataclasses.replace(
-                    Genesis.create(genesis.layout, now_unix_ms=time.time_ns() // 1_000_000, window_ms=0),
+                    Genesis.create(genesis.layout, now_unix_ms=self._wall_ns() // 1_000_000, window_ms=0),
                     used={r: frozenset(ws) for r, ws in used.items()},
                     legacy=True,
                 )
@@ -545,7 +551,7 @@ class EtcdStore(Store):
         tx = client.transactions
         key = self.layout_key()
         marks = self.prefix + "marks/"
-        now_unix_ms = time.time_ns() // 1_000_000
+        now_unix_ms = self._wall_ns() // 1_000_000
         for _ in range(5):
             _, (layout_kv, mark_kvs) = client.transaction(
                 compare=[], success=[tx.get(key), tx.get(marks, _range_end(marks))], failure=[]

@@ -25,8 +25,9 @@ refused by name (:class:`~snowfence.errors.StoreWentBack`), and stays refused
 until an operator accepts the restore; then claims take the journal's
 millisecond floors from before it.
 
-One file, ``<state_dir>/journal/<name>.json``, for all processes of the nodes
-that share the state directory: each keeps the whole journal in memory and
+One file, ``<journal_dir>/<name>.json`` (by default ``<state_dir>/journal/``;
+better on another disk: a wiped or restored state directory then leaves it),
+for all processes of the nodes that share it: each keeps the whole journal in memory and
 writes it back merged with the file (read, merge, replace, fsync, under an
 flock of ``<name>.lock``), so a journal removed under live processes comes back
 at their next write.
@@ -64,8 +65,8 @@ def _mark_key(region: int, worker_id: int) -> str:
 class Journal:
     """One node's witness of one store. Thread-safe: the loop and the keepers share it."""
 
-    def __init__(self, state_dir: str | os.PathLike, name: str, *, marks_store_wide: bool = False) -> None:
-        self.path = Path(state_dir) / "journal" / f"{name}.json"
+    def __init__(self, directory: str | os.PathLike, name: str, *, marks_store_wide: bool = False) -> None:
+        self.path = Path(directory) / f"{name}.json"
         #: Whether a mark that went back means the whole store did (etcd: only a restore can
         #: give a key an older revision) or only that worker ID (a file put back).
         self.marks_store_wide = marks_store_wide

@@ -94,10 +94,12 @@ def open_store(config: Config) -> Store:
             config.region,
             allow_unsafe_filesystem=config.allow_unsafe_filesystem,
             window_ms=window_ms,
+            journal=Journal(config.journal_path, "embedded"),
         )
     from .etcd import EtcdStore
 
-    return EtcdStore(config, journal=Journal(config.state_dir, journal_name(config), marks_store_wide=True))
+    journal = Journal(config.journal_path, journal_name(config), marks_store_wide=True)
+    return EtcdStore(config, journal=journal)
 
 
 def journal_name(config: Config) -> str:
