@@ -125,13 +125,24 @@ MUTANTS = [
     Mutant(
         "unguarded-mark-write",
         "etcd: extending the mark is not guarded by the fencing token",
-        (Edit(M + "etcd:EtcdLease.extend", "compare=[self._guard()],", "compare=[],"),),
+        (
+            Edit(
+                M + "etcd:EtcdLease._write",
+                "if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]",
+                "if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]\n"
+                "        if until_ms is not None:\n"
+                "            ok, responses = self._store.client.transaction(compare=[], success=success, failure=[])\n"
+                "            self.mark_rev = responses[1][0][1].mod_revision\n"
+                "            self.reserved_until_ms = until_ms\n"
+                "            return",
+            ),
+        ),
         kinds=("etcd",),
     ),
     Mutant(
         "unguarded-release",
         "etcd: a release (lower the mark, delete the claim) is not guarded by the fencing token",
-        (Edit(M + "etcd:EtcdLease._release", "compare=[self._guard()]", "compare=[]"),),
+        (Edit(M + "etcd:EtcdLease._release", "compare=self._guard()", "compare=[]"),),
         kinds=("etcd",),
     ),
     Mutant(
@@ -139,9 +150,9 @@ MUTANTS = [
         "etcd: a claim does not read the previous owner's mark",
         (
             Edit(
-                M + "etcd:EtcdStore.try_claim",
-                "mark_ms = self._mark_ms(orjson.loads(responses[2][0][0]))",
-                "mark_ms = 0",
+                M + "etcd:EtcdStore._floor",
+                "floors.append(self._mark_ms(mark))",
+                "floors.append(0)",
             ),
         ),
         kinds=("etcd",),
@@ -149,7 +160,7 @@ MUTANTS = [
     Mutant(
         "claim-not-exclusive",
         "etcd: a claim does not require the claim key to be absent",
-        (Edit(M + "etcd:EtcdStore.try_claim", "compare=[tx.create(claim_key) == 0],", "compare=[],"),),
+        (Edit(M + "etcd:EtcdStore.try_claim", "                tx.create(claim_key) == 0,\n", ""),),
         kinds=("etcd",),
     ),
     Mutant(
@@ -207,6 +218,85 @@ MUTANTS = [
                 M + "embedded:FileLease.check",
                 "        lock_path, mark_path = self._store.paths(self.worker_id)\n",
                 "        return\n        lock_path, mark_path = self._store.paths(self.worker_id)\n",
+            ),
+        ),
+        kinds=("embedded",),
+        requires="embedded-check",
+    ),
+    Mutant(
+        "renewal-confirms-lease-only",
+        "etcd: a renewal checks the lease but not that the claim and the mark are still the holder's",
+        (
+            Edit(
+                M + "etcd:EtcdLease._guard",
+                "return [tx.create(self.claim_key) == self.token, tx.mod(self.mark_key) == self.mark_rev]",
+                "return []",
+            ),
+        ),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "unreadable-etcd-mark-as-zero",
+        "etcd: a claim reads a mark it cannot parse as 0 instead of passing the worker ID over",
+        (
+            Edit(
+                M + "etcd:EtcdStore._floor",
+                'raise WorkerIdUnusable(f"the mark of worker ID {worker_id} is unreadable") from None',
+                "floors.append(0)",
+            ),
+            Edit(
+                M + "etcd:EtcdStore._floor",
+                '            layout = mark.get("layout")\n',
+                '            layout = mark.get("layout") if isinstance(mark, dict) else None\n',
+            ),
+            Edit(
+                M + "etcd:EtcdStore._floor",
+                '            store = mark.get("store")\n',
+                '            store = mark.get("store") if isinstance(mark, dict) else genesis.store_id\n',
+            ),
+        ),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "absence-read-as-never-used",
+        "a worker ID of unknown state (its mark gone, or of another store) is claimed without the quarantine",
+        (
+            Edit(M + "etcd:EtcdStore._floor", "floors.append(now_ms + quarantine)", "floors.append(now_ms)"),
+            Edit(
+                M + "embedded:EmbeddedStore._unknown_floor", "floor = now_ms + self.quarantine_ms()", "floor = now_ms"
+            ),
+        ),
+    ),
+    Mutant(
+        "journal-floor-ignored",
+        "a claim takes the store's mark and forgets the highest mark this node's journal saw",
+        (
+            Edit(
+                M + "journal:Journal.floor_ms",
+                "        with self._lock:\n",
+                "        return -1\n        with self._lock:\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "went-back-unchecked",
+        "the journal does not compare a mark's revision with the one it saw (a mark put back, a store restored)",
+        (
+            Edit(
+                M + "journal:Journal.check_mark",
+                "if seen is not None and (rev < seen[0] or (rev == seen[0] and ms != seen[1])):",
+                "if False:",
+            ),
+        ),
+    ),
+    Mutant(
+        "embedded-rollback-unchecked",
+        "embedded: the holder does not notice its own mark put back from an older copy",
+        (
+            Edit(
+                M + "embedded:FileLease.check",
+                "        else:\n            if mark is None:",
+                "        else:\n            if mark is not None and mark.token == self.token:\n                return\n            if mark is None:",
             ),
         ),
         kinds=("embedded",),
