@@ -159,8 +159,11 @@ MUTANTS = [
     ),
     Mutant(
         "claim-not-exclusive",
-        "etcd: a claim does not require the claim key to be absent",
-        (Edit(M + "etcd:EtcdStore.try_claim", "                tx.create(claim_key) == 0,\n", ""),),
+        "etcd: a claim requires neither the claim key to be absent nor the mark to be the one it read",
+        (
+            Edit(M + "etcd:EtcdStore.try_claim", "                tx.create(claim_key) == 0,\n", ""),
+            Edit(M + "etcd:EtcdStore.try_claim", "                tx.mod(mark_key) == mark_rev,\n", ""),
+        ),
         kinds=("etcd",),
     ),
     Mutant(
@@ -262,9 +265,7 @@ MUTANTS = [
         "a worker ID of unknown state (its mark gone, or of another store) is claimed without the quarantine",
         (
             Edit(M + "etcd:EtcdStore._floor", "floors.append(now_ms + quarantine)", "floors.append(now_ms)"),
-            Edit(
-                M + "embedded:EmbeddedStore._unknown_floor", "floor = now_ms + self.quarantine_ms()", "floor = now_ms"
-            ),
+            Edit(M + "embedded:FileStore._unknown_floor", "floor = now_ms + self.quarantine_ms()", "floor = now_ms"),
         ),
     ),
     Mutant(
@@ -278,31 +279,18 @@ MUTANTS = [
             ),
         ),
     ),
-    Mutant(
-        "went-back-unchecked",
-        "the journal does not compare a mark's revision with the one it saw (a mark put back, a store restored)",
-        (
-            Edit(
-                M + "journal:Journal.check_mark",
-                "if seen is not None and (rev < seen[0] or (rev == seen[0] and ms != seen[1])):",
-                "if False:",
-            ),
-        ),
-    ),
-    Mutant(
-        "embedded-rollback-unchecked",
-        "embedded: the holder does not notice its own mark put back from an older copy",
-        (
-            Edit(
-                M + "embedded:FileLease.check",
-                "        else:\n            if mark is None:",
-                "        else:\n            if mark is not None and mark.token == self.token:\n                return\n            if mark is None:",
-            ),
-        ),
-        kinds=("embedded",),
-        requires="embedded-check",
-    ),
 ]
+
+#: Mutations tried and not in the list, because another guard makes them harmless: the
+#: simulator cannot catch them, and no fault of the store can make them issue an ID twice.
+#: - the journal not comparing revisions (Journal.check_mark, check_genesis): a store
+#:   gone back is then not named and refused, but every claim still takes the journal's
+#:   floor (its peak), so nothing below what this host saw is minted; "journal-floor-
+#:   ignored" removes that floor and is caught;
+#: - an embedded holder blind to its own mark put back (FileLease.check): the next owner's
+#:   claim takes the host's journal floor, which that holder's writes raised.
+#: Their refusals are tested where they are named (tests/unit/test_journal.py,
+#: tests/integration/test_store_forgets.py).
 
 BY_NAME = {m.name: m for m in MUTANTS}
 

@@ -638,7 +638,13 @@ class World:
             self.nodes.append(node)
             config = self.config
             if self.kind == "etcd":
-                config = Config(**{**self.config_kwargs, "state_dir": f"{self.tmp}/host{i}"})
+                config = Config(
+                    **{
+                        **self.config_kwargs,
+                        "state_dir": f"{self.tmp}/host{i}",
+                        "journal_dir": f"{self.tmp}-journal/{i}",
+                    }
+                )
             for slot in range(rng.choice([1, 1, 2]) if self.kind == "etcd" else rng.choice([2, 3])):
                 proc = Proc(self, node, slot, config)
                 node.procs.append(proc)
@@ -1024,8 +1030,16 @@ class World:
             self.at(t, None, self.fault, kind)
         # The store forgetting (an operator's mistake, a restore) is rarer: a few a schedule,
         # and an operator who notices the nodes refusing and accepts the store as it is.
+        # Some schedules lose journals instead (a host replaced, a pod's volume gone): the
+        # store then is the only witness, so it forgets nothing it cannot prove in them.
+        # Both lost together is what RELIABILITY.md writes down as undetectable.
+        journals_lost = rng.random() < JOURNAL_LOSS_SHARE
+        store_kinds = [k for k in STORE_FAULT_KINDS[self.kind] if not journals_lost or k in STORE_FAULTS_PROVABLE]
         for _ in range(rng.randint(0, STORE_FAULTS_MAX) * (LONG_FACTOR if self.long else 1)):
-            self.at(rng.randrange(self.horizon), None, self.fault, rng.choice(STORE_FAULT_KINDS[self.kind]))
+            self.at(rng.randrange(self.horizon), None, self.fault, rng.choice(store_kinds))
+        if journals_lost:
+            for _ in range(rng.randint(1, STORE_FAULTS_MAX) * (LONG_FACTOR if self.long else 1)):
+                self.at(rng.randrange(self.horizon), None, self.fault, "journal_lost")
         self.at(rng.randrange(NS), None, self.backup)
         self.at(rng.randrange(NS), None, self.operator)
 
@@ -1068,9 +1082,7 @@ class World:
             store = etcd_mod.EtcdStore(config, wall_ns=wall)
             store._build_client = lambda: DirectClient(self.etcd)
         else:
-            store = embedded_mod.FileStore(
-                self.tmp, self.layout, self.region, window_ms=self.window_ms, wall_ns=wall
-            )
+            store = embedded_mod.FileStore(self.tmp, self.layout, self.region, window_ms=self.window_ms, wall_ns=wall)
         try:
             store.accept_restore("the simulator's operator")
         except (SnowfenceError, OSError):
@@ -1150,6 +1162,12 @@ class World:
                 self.at(T + rng.randrange(1, 3 * NS), None, self.fault_on, "restart", q, q.node)
         elif kind in STORE_FAULT_KINDS[self.kind]:
             return self.store_fault(kind)
+        elif kind == "journal_lost":
+            # The host's processes die with its disk; they come back on an empty journal.
+            for q in node.procs:
+                self.crash(q)
+                self.at(T + rng.randrange(1, 3 * NS), None, self.restart, q)
+            shutil.rmtree(node.procs[0].config.journal_path, ignore_errors=True)
         elif kind == "remove_lock":
             wid = rng.randrange(self.layout.max_worker + 1)
             lock = Path(self.tmp) / "regions" / str(self.region) / f"worker-{wid}.lock"
@@ -1186,6 +1204,9 @@ class World:
                 key = f"{prefix}marks/{self.region}/{rng.choice(wids)}"
                 if key not in etcd.kv:
                     return False
+                if kind == "delete_mark":  # etcdctl del of one mark
+                    self.forget([int(key.rsplit("/", 1)[1])])
+                    return etcd.delete_key(key) or False
                 if kind == "mark_corrupt":
                     value = b'{"reserved_until_ms": "soon"'
                 else:  # mark_rollback: an older value of it put back (etcdctl put)
@@ -1214,6 +1235,12 @@ class World:
         else:
             wid = rng.choice(wids)
             mark = region / f"worker-{wid}.mark"
+            if kind == "delete_mark":  # rm of one mark file
+                if not mark.exists():
+                    return False
+                self.forget([wid])
+                mark.unlink()
+                return None
             if kind == "mark_corrupt":
                 if not mark.exists():
                     return False
@@ -1294,9 +1321,16 @@ LONG_FACTOR = 5
 #: Faults of the store itself (what an operator or a restore does), a few a schedule.
 STORE_FAULTS_MAX = 3
 STORE_FAULT_KINDS = {
-    "etcd": ["delete_prefix", "snapshot_restore", "delete_layout", "mark_rollback", "mark_corrupt"],
-    "embedded": ["wipe_state_dir", "delete_layout", "mark_rollback", "mark_corrupt"],
+    "etcd": ["delete_prefix", "snapshot_restore", "delete_layout", "delete_mark", "mark_rollback", "mark_corrupt"],
+    "embedded": ["wipe_state_dir", "delete_layout", "delete_mark", "mark_rollback", "mark_corrupt"],
 }
+
+#: The store's faults it can prove without any journal (a damaged mark is passed over; a
+#: layout record gone is refused; a mark gone of a worker ID the genesis knows was used
+#: waits out the quarantine): the only ones in schedules that lose journals.
+STORE_FAULTS_PROVABLE = {"mark_corrupt", "delete_layout", "delete_mark"}
+#: The share of schedules that lose journals.
+JOURNAL_LOSS_SHARE = 0.3
 
 PROCESS_FAULTS = {"crash", "restart", "pause", "pause_in_call"}
 _COMMON = ["crash", "restart", "pause", "pause_in_call", "step_back", "step_forward", "freeze", "drift"]

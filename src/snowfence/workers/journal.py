@@ -92,7 +92,10 @@ class Journal:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StateDirError(f"cannot read the journal {self.path}: {exc.strerror or exc}") from None
+            raise StateDirError(
+                f"the journal directory {self.path.parent} is not usable: cannot read {self.path.name}: "
+                f"{exc.strerror or exc}"
+            ) from None
         try:
             doc = orjson.loads(raw)
             if not isinstance(doc, dict) or doc.get("version") != VERSION:
