@@ -280,3 +280,38 @@ def test_a_client_that_waits_for_its_server_is_carried_over_its_start(nodes):
             assert sum(b.count for b in client.reserve(10)) == 10
         finally:
             starter.join()
+
+
+@pytest.mark.parametrize("where", ["flag", "env", "file"])
+def test_a_metrics_bind_without_a_host_is_one_config_error_line_wherever_it_is_set(tmp_path, where):
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"TMPDIR": str(work), "XDG_RUNTIME_DIR": str(work)}
+    args = ["serve", "--bind", f"ipc://{tmp_path}/ok.sock", "--state-dir", str(tmp_path / "state"), "--workers", "1"]
+    if where == "flag":
+        args += ["--metrics-bind", "9650"]
+    elif where == "env":
+        env["SNOWFENCE_METRICS_BIND"] = "9650"
+    else:
+        (tmp_path / "node.toml").write_text('metrics_bind = "9650"\n')
+        args += ["--config", str(tmp_path / "node.toml")]
+    p, _ = run_snowfence(*args, env=env, timeout_s=15)
+    assert p.returncode == EX_CONFIG, p.stderr
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "metrics_bind '9650'" in p.stderr and "HOST:PORT" in p.stderr, p.stderr
+    assert not (tmp_path / "ok.sock").exists()
+    assert not [p for p in work.rglob("*") if not p.is_dir() or p.name.startswith("snowfence-")]
+
+
+def test_a_log_level_in_capitals_and_metrics_on_ipv6_loopback(nodes):
+    import re
+
+    from nodes import wait_for
+    from test_operations import get
+
+    node = nodes.start(workers=1, env={"SNOWFENCE_LOG_LEVEL": "DEBUG"}, args=("--metrics-bind", "[::1]:0"))
+    node.wait_ready()
+    m = wait_for(lambda: re.search(r"metrics and health on http://(\[::1\]:\d+)/", node.log()), 10, what="address")
+    wait_for(lambda: get(m.group(1), "/readyz")[0] == 200, 10, what="ready on [::1]")
+    assert "snowfence_ids_total" in get(m.group(1), "/metrics")[1]
+    assert "DEBUG" in node.log() and "event=spawned" in node.log(), node.log_tail()  # debug lines are on

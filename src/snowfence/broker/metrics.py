@@ -15,6 +15,7 @@ never touches state the loop is changing.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections import Counter
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from ..clock import read_kernel_clock
+from ..config import host_port
 from ..protocol import WorkerState
 from .auth import Denials
 
@@ -246,11 +248,15 @@ class _Collector:
         yield from self.metrics.families
 
 
+class _HTTPServer6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 class HealthServer:
     """Serves /metrics, /livez and /readyz from a daemon thread."""
 
     def __init__(self, bind: str, metrics: Metrics) -> None:
-        host, port = bind.rsplit(":", 1)
+        host, port = host_port(bind)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(metrics))
 
@@ -278,14 +284,15 @@ class HealthServer:
             def log_message(self, fmt, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((host, int(port)), Handler)
+        server = _HTTPServer6 if ":" in host else ThreadingHTTPServer
+        self.server = server((host, port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True)
 
     @property
     def address(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"{host}:{port}"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def start(self) -> None:
         self.thread.start()
