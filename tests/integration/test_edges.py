@@ -315,3 +315,39 @@ def test_a_log_level_in_capitals_and_metrics_on_ipv6_loopback(nodes):
     wait_for(lambda: get(m.group(1), "/readyz")[0] == 200, 10, what="ready on [::1]")
     assert "snowfence_ids_total" in get(m.group(1), "/metrics")[1]
     assert "DEBUG" in node.log() and "event=spawned" in node.log(), node.log_tail()  # debug lines are on
+
+
+def test_reserve_piped_into_decode_and_decode_dash_read_stdin(nodes, tmp_path):
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    snowfence = [sys.executable, "-m", "snowfence"]
+    reserve = subprocess.Popen([*snowfence, "reserve", "5", "--connect", node.endpoint], stdout=subprocess.PIPE)
+    decode = subprocess.run([*snowfence, "decode"], stdin=reserve.stdout, capture_output=True, text=True, timeout=30)
+    reserve.stdout.close()
+    assert reserve.wait(30) == 0 and decode.returncode == 0, decode.stderr
+    lines = decode.stdout.splitlines()
+    assert len(lines) == 5 and all("region=0" in line and "worker=" in line for line in lines), lines
+    ids = [int(line.split()[0]) for line in lines]
+    assert ids == sorted(set(ids))
+    p = subprocess.run([*snowfence, "decode", "-", "--json"], input=f"{ids[0]}\n", capture_output=True, text=True,
+                       timeout=30)  # fmt: skip
+    assert p.returncode == 0 and f'"id":"{ids[0]}"' in p.stdout, p.stderr
+
+
+def test_a_fenced_node_says_fenced_once_and_status_says_etcd_is_down_in_plain_words(nodes, etcd):
+    from nodes import FAST_LEASES, etcd_args, wait_for
+
+    node = nodes.start(workers=1, args=etcd_args(etcd, "test", *FAST_LEASES))
+    node.wait_ready()
+    etcd.pause()
+    try:
+        wait_for(lambda: node.status()["workers"][0]["state"] == "fenced", 10, what="fenced")
+        p, _ = run_snowfence("reserve", "1", "--connect", node.endpoint, "--no-discover", "--timeout", "1")
+        assert p.returncode == 1 and p.stderr.startswith("snowfence: fenced: "), p.stderr
+        assert p.stderr.count("fenced:") == 1 and p.stderr.count("\n") == 1, p.stderr
+        p, _ = run_snowfence("status", *etcd_args(etcd, "test", "--etcd-timeout-s", "0.5"))
+        assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+        assert f"cannot reach etcd at {','.join(etcd.endpoints)}" in p.stderr and "census" not in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
+    finally:
+        etcd.resume()
