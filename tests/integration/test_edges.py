@@ -351,3 +351,51 @@ def test_a_fenced_node_says_fenced_once_and_status_says_etcd_is_down_in_plain_wo
         assert "Traceback" not in p.stderr
     finally:
         etcd.resume()
+
+
+def test_serve_with_an_epoch_in_the_future_is_a_config_error_at_once(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    p, took_s = run_snowfence(
+        "serve", "--epoch", "2030-01-01", "--bind", f"ipc://{tmp_path}/ok.sock", "--state-dir", str(tmp_path / "state"),
+        "--workers", "1", env={"TMPDIR": str(work), "XDG_RUNTIME_DIR": str(work)}, timeout_s=20,
+    )  # fmt: skip
+    assert p.returncode == EX_CONFIG and p.stderr.count("\n") == 1, p.stderr
+    assert "epoch 2030-01-01T00:00:00.000Z is in the future" in p.stderr, p.stderr
+    assert took_s < 10 and not (tmp_path / "ok.sock").exists() and not (tmp_path / "state").exists()
+    assert not [p for p in work.rglob("*") if not p.is_dir() or p.name.startswith("snowfence-")]
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory this process cannot write: a read-only tmpfs as root, mode 0555 otherwise."""
+    path = tmp_path / "ro"
+    if os.geteuid() != 0:
+        path.mkdir()
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    from disk import Tmpfs
+
+    disk = Tmpfs(path, "1m")
+    (path / "state").mkdir()
+    disk.remount("ro")
+    yield path
+    disk.unmount()
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_serve_on_a_read_only_state_dir_refuses_before_it_says_serving(tmp_path, read_only_dir, inside):
+    work = tmp_path / "work"
+    work.mkdir()
+    state = read_only_dir / "state" if inside else read_only_dir / "new"
+    p, took_s = run_snowfence(
+        "serve", "--bind", f"ipc://{tmp_path}/ok.sock", "--state-dir", str(state), "--workers", "1",
+        env={"TMPDIR": str(work), "XDG_RUNTIME_DIR": str(work)}, timeout_s=20,
+    )  # fmt: skip
+    assert p.returncode == 73, p.stderr
+    assert p.stderr.count("\n") == 1 and "serving" not in p.stderr, p.stderr
+    assert f"state directory {state} is not usable" in p.stderr, p.stderr
+    assert took_s < 10 and not (tmp_path / "ok.sock").exists()
+    assert not [p for p in work.rglob("*") if not p.is_dir() or p.name.startswith("snowfence-")]

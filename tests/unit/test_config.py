@@ -131,8 +131,11 @@ def test_a_metrics_bind_without_a_usable_host_and_port_is_a_config_error(text, w
         assert text in str(info.value)
 
 
-@pytest.mark.parametrize("name, given, kept", [("log_level", "DEBUG", "debug"), ("log_level", "Warning", "warning"),
-                                              ("log_format", "JSON", "json"), ("clock_policy", "HLC", "hlc")])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, given, kept",
+    [("log_level", "DEBUG", "debug"), ("log_level", "Warning", "warning"), ("log_format", "JSON", "json"),
+     ("clock_policy", "HLC", "hlc")],
+)  # fmt: skip
 def test_word_settings_are_case_insensitive(name, given, kept):
     assert getattr(cfg.load(env={cfg.env_name(name): given}), name) == kept
 
@@ -148,3 +151,13 @@ def test_resolve_says_where_each_setting_came_from(tmp_path):
     assert sources["cluster"] == ("flag", "--cluster")
     assert sources["bind"] == ("default", None)
     assert set(sources) == set(cfg.FIELDS)
+
+
+def test_an_epoch_in_the_future_is_valid_config_serve_refuses_it_where_it_starts():
+    # Workers re-validate the config under a clock that may have stepped since the broker started.
+    from snowfence.broker import preflight
+
+    config = cfg.load(flags={"epoch": "2030-01-01T00:00:00Z"}, env={})
+    with pytest.raises(ConfigError, match="2030-01-01T00:00:00.000Z is in the future"):
+        preflight.check_epoch(config)
+    preflight.check_epoch(config, now_ms=config.layout.epoch_ms)  # from the epoch on, it is fine

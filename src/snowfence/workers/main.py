@@ -220,7 +220,7 @@ class Worker:
     # -- lifecycle --------------------------------------------------------------------
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a terminal that hung up
             signal.signal(sig, lambda signum, frame: self._signals.append(signum))
         if os.environ.get(FAULT_HOOKS_ENV) == "1":
             # Fault hook for tests: SIGUSR1 makes the minting loop hang for good
