@@ -1,6 +1,7 @@
 """The ``snowfence`` command: turns arguments into config and calls the package.
 
 snowfence serve [--bind EP] [--workers N] [--region R] [--state-dir DIR] [--config FILE] ...
+snowfence check-config [the flags of serve] [--json]
 snowfence reserve N [--connect EP[,EP...]] [--format text|json|binary|blocks]
 snowfence decode [ID... | -] [--json]
 snowfence status [--connect EP[,EP...]] [--json]
@@ -96,8 +97,12 @@ def _add_config_flags(parser: argparse.ArgumentParser, names=None, repeatable=()
 
 
 def _load_config(args: argparse.Namespace, names=None) -> config_mod.Config:
+    return _resolve_config(args)[0]
+
+
+def _resolve_config(args: argparse.Namespace) -> tuple[config_mod.Config, dict]:
     flags = {name: getattr(args, name) for name in config_mod.FIELDS if hasattr(args, name)}
-    return config_mod.load(flags=flags, config_file=getattr(args, "config", None))
+    return config_mod.resolve(flags=flags, config_file=getattr(args, "config", None))
 
 
 def _connect_arg(parser: argparse.ArgumentParser) -> None:
@@ -146,6 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
         "state directory), region 0, one worker per core, on tcp://127.0.0.1:5555.",
     )
     _add_config_flags(serve)
+
+    check = sub.add_parser(
+        "check-config",
+        help="Show the settings serve would run with, and where each came from; bind and write nothing.",
+        description="Resolve the settings as `snowfence serve` would (defaults < --config file < SNOWFENCE_* "
+        "environment < flags), check them as serve does before it binds anything, and print each with its "
+        "source. Secrets are masked. Exit status 0 if serve would start, 78 or 73 (and one line saying why) if not.",
+    )
+    _add_config_flags(check)
+    check.add_argument("--json", action="store_true", help="Print the settings as JSON.")
 
     reserve = sub.add_parser("reserve", help="Reserve N IDs and print them.")
     reserve.add_argument(
@@ -302,12 +317,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .logs import setup
 
     config = _load_config(args)
-    if not config.embedded:
-        from .workers.etcd import require_client
-
-        require_client()  # here, not in every worker after the node started
     setup(config.log_level, config.log_format, role="broker")
     return serve(config)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from .broker import preflight
+
+    config, sources = _resolve_config(args)
+    preflight.check(config, create=False)
+    warnings = [message for _, message in preflight.warnings(config)]
+    shown = config.public()  # secrets masked
+    if args.json:
+        settings = {
+            name: {"value": value, "source": sources[name][0], "from": sources[name][1]}
+            for name, value in shown.items()
+        }
+        doc = {"version": __version__, "settings": settings, "warnings": warnings}
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    for message in warnings:
+        print(f"snowfence: warning: {message}", file=sys.stderr)
+    # TOML, so that the output can become a config file; the source of each setting as a comment.
+    lines = [
+        (f"{name} = {orjson.dumps(value).decode()}", _source(name, sources[name], config))
+        for name, value in shown.items()
+    ]
+    width = max(len(setting) for setting, _ in lines)
+    print(f"# snowfence {__version__}: the settings `snowfence serve` would run with; nothing was bound or written")
+    print("\n".join(f"{setting:<{width}}  # {source}" for setting, source in lines))
+    return 0
+
+
+def _source(name: str, source: tuple[str, str | None], config) -> str:
+    kind, where = source
+    text = kind if where is None else f"{kind} {where}"
+    if name == "workers" and config.workers == 0:
+        text += f": {config.worker_count} on this host"
+    if name == "curve_secret_key" and config.curve_secret_key:
+        text += " (a key file; the key itself is never shown)"
+    return text
 
 
 def _endpoints(args: argparse.Namespace) -> list[str]:

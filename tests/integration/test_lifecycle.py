@@ -11,8 +11,11 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import time
+import tomllib
 
+import orjson
 import pytest
 from nodes import group_has_live_members, wait_for
 
@@ -145,3 +148,81 @@ def test_sighup_stops_the_node_cleanly_and_says_so(nodes, to):
     assert all(not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
                for pid in workers)  # fmt: skip
     assert not run_dirs_of(node), "the run directory is removed"
+
+
+def snowfence(*args, env=None, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+    from test_edges import run_snowfence
+
+    return run_snowfence(*args, env=env, timeout_s=timeout_s)[0]
+
+
+def test_check_config_shows_each_setting_with_its_source_and_masks_secrets(tmp_path):
+    assert snowfence("keygen", "server", "--dir", str(tmp_path)).returncode == 0
+    key = tmp_path / "server.key_secret"
+    secret_z85 = next(line.split('"')[1] for line in key.read_text().splitlines() if "secret-key" in line)
+    toml = tmp_path / "node.toml"
+    toml.write_text('region = 1\netcd_user = "snowfence"\netcd_password = "file-password-4711"\n')
+    env = {"SNOWFENCE_WORKERS": "3", "SNOWFENCE_ETCD_PASSWORD": "env-password-0815"}
+    args = ("--config", str(toml), "--etcd", "http://127.0.0.1:2379", "--cluster", "prod", "--curve-secret-key",
+            str(key), "--state-dir", str(tmp_path / "not-yet"), "--bind", f"ipc://{tmp_path}/never.sock")  # fmt: skip
+    p = snowfence("check-config", *args, env=env)
+    assert p.returncode == 0 and not p.stderr, p.stderr
+    for secret in ("file-password-4711", "env-password-0815", secret_z85):
+        assert secret not in p.stdout, f"{secret} shown"
+    shown = tomllib.loads(p.stdout)  # the output is itself a config file
+    assert shown["region"] == 1 and shown["workers"] == 3 and shown["cluster"] == "prod"
+    assert shown["etcd_password"] == "***" and shown["curve_secret_key"] == str(key)
+    comment = {line.split(" = ")[0]: line.rsplit("# ", 1)[1] for line in p.stdout.splitlines() if " = " in line}
+    assert comment["region"] == f"file {toml}"
+    assert comment["workers"] == "env SNOWFENCE_WORKERS"
+    assert comment["etcd_password"] == "env SNOWFENCE_ETCD_PASSWORD"
+    assert comment["cluster"] == "flag --cluster" and comment["bind"] == "flag --bind"
+    assert comment["lease_ttl_s"] == "default"
+    doc = orjson.loads(snowfence("check-config", *args, "--json", env=env).stdout)
+    assert doc["settings"]["workers"] == {"value": 3, "source": "env", "from": "SNOWFENCE_WORKERS"}
+    assert doc["settings"]["etcd_password"]["value"] == "***" and doc["warnings"] == []
+    # Nothing bound, nothing written.
+    assert not (tmp_path / "never.sock").exists() and not (tmp_path / "not-yet").exists()
+
+
+@pytest.fixture
+def taken_port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def test_check_config_fails_as_serve_would_and_binds_nothing(tmp_path, taken_port):
+    (tmp_path / "file").write_text("")
+    for args, status, words in (
+        (("--region", "8"), 78, "region must be 0..7"),
+        (("--epoch", "2030-01-01"), 78, "in the future"),
+        (("--state-dir", str(tmp_path / "file" / "state")), 73, "is not a directory"),
+        (("--curve-secret-key", str(tmp_path / "file")), 78, "CURVE key"),
+        (("--metrics-bind", "9650"), 78, "HOST:PORT"),
+    ):
+        p = snowfence("check-config", "--state-dir", str(tmp_path / "state"), *args)
+        assert p.returncode == status and words in p.stderr and p.stderr.count("\n") == 1, (args, p.stderr)
+        assert not p.stdout and "Traceback" not in p.stderr
+    # serve would find the port taken; check-config does not try to bind it.
+    p = snowfence("check-config", "--bind", f"tcp://127.0.0.1:{taken_port}", "--metrics-bind",
+                  f"127.0.0.1:{taken_port}", "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_an_etcd_node_that_advertises_nothing_is_warned_about_at_start(tmp_path, taken_port):
+    wildcard = f"tcp://0.0.0.0:{taken_port}"  # taken on loopback: serve warns, then cannot bind it
+    args = ("--etcd", "http://127.0.0.1:9", "--bind", wildcard, "--state-dir", str(tmp_path / "state"))
+    p = snowfence("serve", "--workers", "1", *args, env={"TMPDIR": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path)})
+    assert p.returncode == 78 and "Address already in use" in p.stderr, p.stderr
+    warning = next(line for line in p.stderr.splitlines() if "event=nothing_advertised" in line)
+    assert "WARNING" in warning and "advertises no endpoint" in warning and "--advertise" in warning, warning
+    p = snowfence("check-config", *args)
+    assert p.returncode == 0 and "advertises no endpoint" in p.stderr, p.stderr
+    p = snowfence("check-config", *args, "--advertise", f"tcp://127.0.0.1:{taken_port}")
+    assert p.returncode == 0 and not p.stderr, p.stderr
+    p = snowfence("check-config", *args[2:])  # embedded mode has no one to advertise to
+    assert p.returncode == 0 and not p.stderr, p.stderr

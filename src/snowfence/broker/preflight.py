@@ -11,6 +11,8 @@ clock that may have stepped since.
 - The state directory must be usable: a node that announced "serving" and then
   halted because its workers cannot write there looks, to a service manager,
   like one that crashed.
+- The CURVE key and allow-list must be readable (the broker reads them again
+  when it sets CURVE up), and etcd mode needs the etcd extra installed.
 
 :func:`warnings` names settings that work but quietly do less than meant.
 """
@@ -23,6 +25,7 @@ import time
 from ..config import Config
 from ..errors import ConfigError, StateDirError
 from ..ids import format_unix_ms
+from . import auth
 from .membership import WILDCARD_HOSTS
 
 
@@ -34,6 +37,14 @@ def check(config: Config, *, create: bool = True) -> None:
     """
     check_epoch(config)
     check_state_dir(config.state_dir, create=create)
+    if config.curve_secret_key:
+        auth.load_server_key(config.curve_secret_key)
+    if config.curve_allow:
+        auth.check_allow_list(config.curve_allow)
+    if not config.embedded:
+        from ..workers.etcd import require_client
+
+        require_client()  # here, not in every worker after the node started
 
 
 def check_epoch(config: Config, now_ms: int | None = None) -> None:
