@@ -8,6 +8,7 @@ left on disk.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -399,3 +400,37 @@ def test_serve_on_a_read_only_state_dir_refuses_before_it_says_serving(tmp_path,
     assert f"state directory {state} is not usable" in p.stderr, p.stderr
     assert took_s < 10 and not (tmp_path / "ok.sock").exists()
     assert not [p for p in work.rglob("*") if not p.is_dir() or p.name.startswith("snowfence-")]
+
+
+@pytest.mark.parametrize("when", ["measuring", "warming up"])
+def test_ctrl_c_during_bench_exits_130_with_what_was_measured_and_no_traceback(nodes, when):
+    from nodes import group_has_live_members, wait_for
+
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    warmup = "0.2" if when == "measuring" else "60"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snowfence", "bench", "--connect", node.endpoint, "--duration", "60", "--warmup",
+         warmup, "--clients", "2", "--depth", "1", "--batch", "4096"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # Client processes up and sending (the node counts their IDs), then the whole group
+        # gets SIGINT, as from a terminal.
+        wait_for(lambda: node.status()["broker"]["counters"]["requests"] > 50, 30, what="bench sending")
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    if when == "measuring":
+        assert "interrupted after" in out and "unique       yes" in out, out
+        ids_per_s = float(re.search(r"IDs/s\s+([\d,]+)", out).group(1).replace(",", ""))
+        assert ids_per_s > 0, out
+    else:
+        assert not out and err.strip() == "snowfence: interrupted during the warm-up: nothing was measured", err
+    wait_for(lambda: not group_has_live_members(proc.pid), 5, what="the client processes to be gone")
