@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -83,9 +84,7 @@ def test_systemd_unit_is_sandboxed_and_stops_restarting_on_config_errors():
     settings = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
     assert set(settings["RestartPreventExitStatus"].split()) == {"78", "73"}
     assert settings["DynamicUser"] == "yes" and settings["StateDirectory"] == "snowfence" and "User" not in settings
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze not installed (it comes with systemd)")
+    analyze = tool("systemd-analyze", "it comes with Debian's systemd package")
     p = subprocess.run(
         [analyze, "security", "--offline=true", str(unit_path)], capture_output=True, text=True, timeout=60
     )
@@ -157,3 +156,71 @@ def test_grafana_dashboard_asks_for_its_data_source_on_import():
         for target in panel["targets"]:
             assert target.get("datasource", panel["datasource"])["uid"] == "${DS_PROMETHEUS}", panel["title"]
     assert "${datasource}" not in json.dumps(dashboard)
+
+
+UNIT = DEPLOY / "systemd" / "snowfence.service"
+#: The PATH systemd gives a service (systemd's DEFAULT_PATH on a merged-/usr system).
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
+
+def unit_settings() -> dict[str, str]:
+    lines = UNIT.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def test_systemd_unit_verifies_and_names_no_install_location():
+    settings = unit_settings()
+    assert settings["Type"] == "notify" and settings["NotifyAccess"] == "main"
+    command = settings["ExecStart"].split()
+    assert "/usr/local/bin/snowfence" not in command and command[:3] == ["/usr/bin/env", "snowfence", "serve"]
+    analyze = tool("systemd-analyze", "it comes with Debian's systemd package")
+    p = subprocess.run([analyze, "verify", str(UNIT)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and not p.stderr.strip(), p.stderr  # e.g. "Command ... is not executable"
+
+
+def test_the_units_command_runs_a_node_that_notifies_systemd_and_stops_on_its_kill_signal(tmp_path):
+    """ExecStart as systemd would run it: on the service's PATH (plus where this snowfence is
+    installed, as a drop-in would add it), with the variables systemd sets, NOTIFY_SOCKET included."""
+    import leftovers
+    from test_lifecycle import NotifySocket
+
+    settings = unit_settings()
+    config = tmp_path / "snowfence.toml"
+    config.write_text(f'bind = "ipc://{tmp_path}/node.sock"\nworkers = 1\n')
+    command = [
+        str(config) if word == "/etc/snowfence/snowfence.toml" else word for word in settings["ExecStart"].split()
+    ]
+    assert str(config) in command
+    notify = NotifySocket(tmp_path / "notify")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "run").mkdir()
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:{SYSTEMD_PATH}",
+        "STATE_DIRECTORY": str(tmp_path / "state"),
+        "RUNTIME_DIRECTORY": str(tmp_path / "run"),
+        **notify.env(),
+    }
+    if "LEFTOVERS_REGISTRY" in os.environ:
+        env["LEFTOVERS_REGISTRY"] = os.environ["LEFTOVERS_REGISTRY"]
+    log = open(tmp_path / "node.log", "wb")
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    log.close()
+    leftovers.register_process(proc.pid, group=True, what="the unit's node", run_dir_bases=[str(tmp_path / "run")])
+    try:
+        pid, fields = notify.wait("READY=1")
+        assert pid == proc.pid, "env execs snowfence: the main process is the one that notifies"
+        assert os.listdir(tmp_path / "run"), "its run directory is in RuntimeDirectory="
+        wait_for(lambda: (tmp_path / "state" / "layout.json").exists(), 20, what="its state in StateDirectory=")
+        proc.send_signal(getattr(signal, settings["KillSignal"]))
+        assert notify.wait("STOPPING=1")[0] == proc.pid
+        assert proc.wait(float(settings["TimeoutStopSec"])) == 0
+        assert not os.listdir(tmp_path / "run")
+    finally:
+        notify.close()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+    log_text = (tmp_path / "node.log").read_text()
+    assert "SIGTERM: stopping" in log_text and "Traceback" not in log_text, log_text
