@@ -8,9 +8,10 @@ snowfence status [--connect EP[,EP...]] [--json]
 snowfence bench [--connect EP] [--duration S] [--batch N] [--clients C] [--depth D] [--rate R] [--json]
 
 Exit status: 0 done; 1 the service answered with an error, or did not answer;
-73 the state directory is unusable; 78 (EX_CONFIG) the command line, the
-environment or the config file is invalid, including a key file or an endpoint
-that cannot be used. Every error is one line on stderr.
+73 the state directory is unusable (keygen: the key files exist); 78
+(EX_CONFIG) the command line, the environment or the config file is invalid,
+including a key file or an endpoint that cannot be used; 130 interrupted.
+Every error is one line on stderr.
 """
 
 from __future__ import annotations
