@@ -226,3 +226,14 @@ def test_an_etcd_node_that_advertises_nothing_is_warned_about_at_start(tmp_path,
     assert p.returncode == 0 and not p.stderr, p.stderr
     p = snowfence("check-config", *args[2:])  # embedded mode has no one to advertise to
     assert p.returncode == 0 and not p.stderr, p.stderr
+
+
+def test_a_node_started_under_nohup_keeps_ignoring_sighup(nodes):
+    node = nodes.start(workers=1, prefix=("nohup",))
+    node.wait_ready()
+    workers = node.worker_pids()
+    os.killpg(node.pgid, signal.SIGHUP)
+    time.sleep(1.0)
+    assert node.proc.poll() is None and node.worker_pids() == workers, node.log_tail()
+    assert "SIGHUP" not in node.log() and "stopping" not in node.log()
+    assert node.stop(signal.SIGTERM) == 0

@@ -98,6 +98,8 @@ class Node:
             event(log, name, message, level=logging.WARNING)
         # Read (and taken out of the environment) before any worker is spawned.
         self.notifier = Notifier()
+        # A node started under nohup was asked to outlive its terminal: SIGHUP stays ignored.
+        handled = [s for s in SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
         self.rundir = rundir.create(self.config.state_dir)
         ctx = zmq.Context()
         wake_r, wake_w = socket.socketpair()
@@ -136,7 +138,7 @@ class Node:
             self.entry = base_entry(self.config, name, endpoints, self.health.address if self.health else None)
             self.router.describe_nodes = self.nodes
             signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-            for sig in SIGNALS:
+            for sig in handled:
                 signal.signal(sig, sup.enqueue)
             if not self.config.embedded:
                 self.membership = Membership(self.config, name, self.own_entry())
@@ -169,7 +171,7 @@ class Node:
             self.loop(wake_r)
         finally:
             signal.set_wakeup_fd(-1)
-            for sig in SIGNALS:
+            for sig in handled:
                 signal.signal(sig, signal.SIG_DFL)
             sup.kill_all(signal.SIGKILL)
             if self.membership is not None:

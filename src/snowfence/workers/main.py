@@ -221,6 +221,8 @@ class Worker:
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a terminal that hung up
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # started under nohup, as its broker was
             signal.signal(sig, lambda signum, frame: self._signals.append(signum))
         if os.environ.get(FAULT_HOOKS_ENV) == "1":
             # Fault hook for tests: SIGUSR1 makes the minting loop hang for good
