@@ -572,10 +572,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
         return 0
     broker = status["broker"]
+    # A server older than software_version in STATUS says only its protocol version.
+    version = f"snowfence {status['software_version']}, " if status.get("software_version") else ""
     print(
         f"broker pid {broker.get('pid')} on {broker.get('bind')}: {broker.get('state')}, "
         f"{broker.get('mode')} mode, region {status.get('region')}, "
-        f"{broker.get('workers_in_rotation')} of {len(broker.get('slots', []))} workers in rotation"
+        f"{broker.get('workers_in_rotation')} of {len(broker.get('slots', []))} workers in rotation "
+        f"({version}protocol {status.get('version')})"
     )
     slots = broker.get("slots", [])
     print(

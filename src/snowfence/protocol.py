@@ -435,7 +435,7 @@ class WorkerState:
     """What a worker reports in every STATE frame (its heartbeat, and on every change).
 
     Read by the router (rotation, room, STATUS), the metrics (counters, step-back
-    histogram, gauges) and, through STATUS, ``snowfence status``. A field missing
+    and minting-time histograms, gauges) and, through STATUS, ``snowfence status``. A field missing
     from the JSON takes its default; a field of the wrong type makes the whole
     payload a :class:`BadState`."""
 
@@ -462,6 +462,9 @@ class WorkerState:
     clock_ahead_ms: int | float = 0
     #: Worker IDs the store passed over when claiming: ``worker_id`` and ``reason`` each.
     passed_over: list = field(default_factory=list)
+    #: Minting times by request kind: ``le`` bucket bounds (ns), and per kind in
+    #: ``kinds`` its ``counts`` (one per bucket, then the overflow) and ``sum_ns``.
+    mint_ns: dict | None = None
 
     _KINDS = {
         "slot": (int,),
@@ -476,6 +479,7 @@ class WorkerState:
         "kernel_clock": (dict,),
         "clock_ahead_ms": _NUMBER,
         "passed_over": (list,),
+        "mint_ns": (dict,),
     }
 
     @classmethod
@@ -494,6 +498,9 @@ class WorkerState:
             and isinstance(hist.get("sum_ms"), _NUMBER)
         ):
             raise BadState("STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)")
+        mint = known["mint_ns"]
+        if mint is not None and not _is_histograms(mint):
+            raise BadState("STATE field 'mint_ns' is not histograms by kind (le, kinds: counts, sum_ns)")
         if not all(isinstance(p, dict) and isinstance(p.get("worker_id"), int) for p in known["passed_over"]):
             raise BadState("STATE field 'passed_over' is not a list of objects with a worker_id")
         held = obj.get("held") or []
@@ -509,6 +516,23 @@ class WorkerState:
 
 def _is_numbers(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, _NUMBER) and not isinstance(v, bool) for v in value)
+
+
+def _is_histograms(value: dict) -> bool:
+    """``{"le": [...], "kinds": {kind: {"counts": [...], "sum_ns": n}}}``, a count per bucket and the overflow."""
+    le, kinds = value.get("le"), value.get("kinds")
+    return (
+        _is_numbers(le)
+        and isinstance(kinds, dict)
+        and all(
+            isinstance(h, dict)
+            and _is_numbers(h.get("counts"))
+            and len(h["counts"]) == len(le) + 1
+            and isinstance(h.get("sum_ns"), _NUMBER)
+            and not isinstance(h["sum_ns"], bool)
+            for h in kinds.values()
+        )
+    )
 
 
 def encode_state(status: WorkerState | dict) -> bytes:

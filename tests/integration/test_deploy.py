@@ -14,17 +14,62 @@ from pathlib import Path
 import pytest
 import yaml
 from nodes import wait_for
+from prometheus_client.parser import text_string_to_metric_families
 from test_operations import get, health
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"
 
 
+#: Labels Prometheus gives every series of a target; a node's own scrape does not show them.
+TARGET_LABELS = {"instance", "job"}
+#: A selector with label matchers, as every dashboard query writes its metrics.
+SELECTOR = re.compile(r"\b([a-zA-Z_:][\w:]*)\{([^}]*)\}")
+
+
 def exported(text: str) -> set[str]:
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 
-def test_alerts_dashboard_and_docs_name_only_exported_metrics(nodes):
+def labels_by_name(text: str) -> dict[str, set[str]]:
+    """Each sample name a scrape shows (a histogram's _bucket, _count and _sum apart), with its label names."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def check_dashboard(dashboard: dict, labels: dict[str, set[str]]) -> None:
+    """The dashboard's variables and queries ask only for metrics and labels a node exports,
+    and every query keeps to the instances chosen."""
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert set(variables) == {"cluster", "instance"}, sorted(variables)
+    for name, v in variables.items():
+        m = re.fullmatch(r"label_values\((\w+)(?:\{(.*)\})?, (\w+)\)", v["query"])
+        assert m, f"variable {name}: {v['query']!r} is not label_values(metric, label)"
+        metric, _, label = m.groups()
+        assert metric in labels, f"variable {name} reads {metric}, which a node does not export"
+        assert label == name and label in labels[metric] | TARGET_LABELS, f"variable {name}: no label {label}"
+        assert v["datasource"]["uid"] == "${DS_PROMETHEUS}" and v["includeAll"] and v["allValue"] == ".*"
+    assert 'cluster=~"$cluster"' in variables["instance"]["query"], "the instances are those of the clusters chosen"
+    for panel in dashboard["panels"]:
+        title = panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            selectors = SELECTOR.findall(expr)
+            named = set(re.findall(r"\b(?:snowfence|process)_\w+", expr))
+            assert selectors and named == {m for m, _ in selectors}, f"{title}: a metric without matchers in {expr}"
+            for metric, matchers in selectors:
+                assert metric in labels, f"{title}: {metric} is not exported"
+                assert 'instance=~"$instance"' in matchers, f"{title}: {metric} ignores the instance variable"
+            seen = set().union(*(labels[m] for m, _ in selectors)) | TARGET_LABELS
+            grouped = {g.strip() for by in re.findall(r"\bby \(([^)]*)\)", expr) for g in by.split(",")}
+            legend = set(re.findall(r"\{\{(\w+)\}\}", target.get("legendFormat", "")))
+            assert grouped | legend <= seen, f"{title}: labels {sorted((grouped | legend) - seen)} are not exported"
+
+
+def test_alerts_dashboard_and_docs_name_only_what_a_node_exports(nodes):
     peer = nodes.start("peer", workers=1)
     # With a peer, so that the peer clock metrics are exported (and checked against the docs) too.
     node = nodes.start(workers=1, args=("--metrics-bind", "127.0.0.1:0", "--peers", peer.endpoint))
@@ -47,21 +92,36 @@ def test_alerts_dashboard_and_docs_name_only_exported_metrics(nodes):
     names = exported(text)
     names |= {n.removesuffix("_count") for n in names if n.endswith("_count")}  # a histogram's own name
     dashboard = json.loads((DEPLOY / "grafana" / "snowfence-dashboard.json").read_text())
+    check_dashboard(dashboard, labels_by_name(text))
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     alerts = (DEPLOY / "prometheus" / "alerts.yml").read_text()
     docs = OPERATIONS.read_text()
     for source, where in ((exprs, "dashboard"), (alerts, "alerts"), (docs, "OPERATIONS.md")):
-        used = set(re.findall(r"snowfence_[a-z_]+[a-z]", source))
+        used = set(re.findall(r"\b(?:snowfence|process)_[a-z_]+[a-z]", source))
         missing = sorted(u for u in used if u not in names)
         assert not missing, f"{where} names metrics the service does not export: {missing}"
     for alert in re.findall(r"alert: (\w+)", alerts):
         assert f"### {alert}" in docs, f"no runbook entry for {alert}"
-    documented = set(re.findall(r"`(snowfence_[a-z_]+)`", docs))
+    documented = set(re.findall(r"`((?:snowfence|process)_[a-z_]+)`", docs))
     families = {
         n.removesuffix("_total").removesuffix("_bucket").removesuffix("_count").removesuffix("_sum") for n in names
     }
     undocumented = sorted(f for f in families if not any(d.startswith(f) for d in documented))
     assert not undocumented, f"metrics missing from OPERATIONS.md: {undocumented}"
+
+
+def test_dashboard_queries_are_promql_that_prometheus_reads(tmp_path):
+    """Each query, with the variables at their "All" value, as a recording rule for promtool to parse."""
+    dashboard = json.loads((DEPLOY / "grafana" / "snowfence-dashboard.json").read_text())
+    queries = [v["query"].replace("label_values(", "").rsplit(",", 1)[0] for v in dashboard["templating"]["list"]]
+    queries += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = [{"record": f"dashboard:query_{i}", "expr": q.replace("$instance", ".*").replace("$cluster", ".*")}
+             for i, q in enumerate(queries)]  # fmt: skip
+    path = tmp_path / "dashboard_rules.yml"  # JSON is YAML
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    promtool = tool("promtool", "apt-get install --no-install-recommends prometheus")
+    p = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
 
 
 def ci() -> bool:

@@ -61,7 +61,7 @@ class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.rundir = ""
-        self.metrics = Metrics()
+        self.metrics = Metrics(config)
         self.router: Router | None = None
         self.curve: CurveServer | None = None
         self.health: HealthServer | None = None
