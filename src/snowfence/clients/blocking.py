@@ -36,8 +36,12 @@ from .core import (
 class Client(ClientBase):
     """Reserve IDs from one or more snowfence brokers.
 
-    ``endpoints`` is one ZeroMQ endpoint or a list of them, tried in turn when
-    one stops answering. Safe to share between threads (calls take turns).
+    ``endpoints`` is one ZeroMQ endpoint or a list of them. ``timeout_s`` is the
+    wait for the reply to each attempt, not for the whole call: after a timeout
+    the attempt goes at once to another endpoint (see ``core.Directory``), and
+    a call gives up after ``retries`` failed attempts beyond the first, not
+    counting timeouts that moved it to an endpoint it had not yet found
+    unresponsive. Safe to share between threads (calls take turns).
     While no endpoint has ever replied, a call gives up after one timeout per
     endpoint (no server is there, or the address or CURVE key is wrong);
     ``wait_for_server=True`` keeps retrying instead, for a server still starting.

@@ -4,10 +4,12 @@ Nothing here touches a socket or a clock; the blocking and asyncio clients feed
 it reply bodies and the monotonic time, and do what it says. That keeps the
 rules in one place: how a large reservation is split, what a partial grant
 means, which errors are retried and after what back-off, when a timeout gives
-up, when the connection is reset and the next endpoint tried
-(:class:`ReserveRound`), how often STATUS is asked again (:class:`StatusRound`),
-and how many blocks ``ids()`` keeps in hand (:class:`PrefetchDepth`). The two
-clients differ only in how they wait.
+up, when the connection is reset (:class:`ReserveRound`), how often STATUS is
+asked again (:class:`StatusRound`), which endpoints there are, when to ask the
+cluster for them and which one to go to when the current one fails
+(:class:`Directory`, :meth:`ClientBase._discovery`), and how many blocks
+``ids()`` keeps in hand (:class:`PrefetchDepth`). The two clients differ only
+in how they wait.
 """
 
 from __future__ import annotations
