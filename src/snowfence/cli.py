@@ -28,6 +28,7 @@ import orjson
 
 from . import __version__
 from . import config as config_mod
+from .clients.core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
 from .errors import ConfigError, EtcdUnavailable, SnowfenceError, StateDirError
 from .ids import format_unix_ms
 from .protocol import MAX_BLOCK, endpoint_problem
@@ -106,7 +107,7 @@ def _resolve_config(args: argparse.Namespace) -> tuple[config_mod.Config, dict]:
     return config_mod.resolve(flags=flags, config_file=getattr(args, "config", None))
 
 
-def _connect_arg(parser: argparse.ArgumentParser) -> None:
+def _connect_arg(parser: argparse.ArgumentParser, retries: bool = True) -> None:
     parser.add_argument(
         "--connect",
         metavar="EP[,EP...]",
@@ -122,10 +123,21 @@ def _connect_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         type=_number(float, 0, 1_000_000, low_open=True, what="a number of seconds"),
-        default=5.0,
+        default=DEFAULT_TIMEOUT_S,
         metavar="S",
-        help="Seconds to wait for a reply (default 5).",
+        help="Seconds to wait for the reply to each attempt (default 5): the timeout is per attempt, not per call."
+        + (" After a timeout the next attempt goes to another node, if one is known." if retries else ""),
     )
+    if retries:
+        parser.add_argument(
+            "--retries",
+            type=_number(int, 0, 1_000_000, what="a count"),
+            default=DEFAULT_RETRIES,
+            metavar="N",
+            help=f"Failed attempts a call retries before it gives up (default {DEFAULT_RETRIES}). A timeout that "
+            "moves the call to a node it has not yet found unresponsive uses up no retry, so a call that gets "
+            "no reply gives up after about (nodes known + N) x S seconds, and says how long it waited.",
+        )
     parser.add_argument(
         "--server-key",
         metavar="FILE",
@@ -209,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(decode, LAYOUT_FIELDS)
 
     bench = sub.add_parser("bench", help="Load a running deployment and report IDs/s, requests/s and latency.")
-    _connect_arg(bench)
+    _connect_arg(bench, retries=False)
     seconds = _number(float, 0, 1_000_000, low_open=True, what="a number of seconds")
     bench.add_argument("--duration", type=seconds, default=10.0, metavar="S", help="Seconds measured (default 10).")
     bench.add_argument(
@@ -394,6 +406,7 @@ def _client(args: argparse.Namespace):
         return Client(
             endpoints,
             timeout_s=args.timeout,
+            retries=args.retries,
             server_key=args.server_key,
             client_key=args.client_key,
             discover=args.discover,

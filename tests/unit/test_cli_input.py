@@ -69,16 +69,18 @@ LAYOUT_FLAGS = {
 def command_flags(command: str, tmp) -> tuple[list, dict]:
     """(positional strategies, {flag: value strategy}) for one subcommand."""
     ints = values(["1", "5", "4096", "1000001"], BAD_NUMBERS)
+    retries = {"--retries": values(["0", "3"], BAD_NUMBERS + ["1000001", "2.5"])}
     if command == "reserve":
         flags = {
             **client_flags(tmp),
+            **retries,
             "--format": values(["text", "json", "binary", "blocks"], ["xml", "TEXT"]),
             "--after": values(["0", "1", str(2**63 - 1), "123456789012345678"], BAD_NUMBERS + [str(2**63), "-1"]),
             "--chunk": ints,
         }
         return [ints], flags
     if command == "status":
-        return [], {**client_flags(tmp), **LAYOUT_FLAGS}
+        return [], {**client_flags(tmp), **retries, **LAYOUT_FLAGS}
     if command == "bench":
         flags = {
             **client_flags(tmp),
@@ -185,6 +187,8 @@ def test_any_argv_gets_an_exit_status_and_at_most_one_error_line(command, data, 
         (["status", "--client-key", "nosuch.key_secret", "--server-key", "Z" * 40], "nosuch.key_secret"),
         (["serve", "--bind", "garbage"], "garbage"),
         (["reserve", "1", "--timeout", "nan"], "--timeout"),
+        (["reserve", "1", "--retries", "-1"], "--retries"),
+        (["status", "--retries", "many"], "--retries"),
     ],
 )
 def test_the_reported_cases_exit_78_naming_what_is_wrong(argv, needle, no_broker, capsys):
