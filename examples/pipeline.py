@@ -46,7 +46,8 @@ def main() -> int:
     parser.add_argument("--connect", default=os.environ.get("SNOWFENCE_CONNECT", "tcp://127.0.0.1:5555"))
     parser.add_argument("--events", type=int, default=100_000)
     args = parser.parse_args()
-    return 0 if run(pipeline(args.connect.split(","), args.events)) == args.events else 1
+    stamped = run(pipeline(args.connect.split(","), args.events))
+    return 0 if stamped == args.events else 1
 
 
 if __name__ == "__main__":

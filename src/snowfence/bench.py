@@ -8,6 +8,11 @@ so a stall shows up in the numbers rather than slowing the load down.
 
 Every acknowledged block is kept and, at the end, checked: all IDs unique, and
 each block stamped within the wall-clock time of its own request.
+
+Ctrl-C (SIGINT, to the parent or, from a terminal, to every process) ends the
+measurement early: the client processes ignore the signal and are told to stop
+by their parent, which then reports what was measured until then. A second
+Ctrl-C gives up at once.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import array
 import ctypes
 import multiprocessing
 import select
+import signal
 import sys
 import time
 from collections import Counter
@@ -26,6 +32,8 @@ from .errors import SnowfenceError
 
 PROGRESS_INTERVAL_S = 0.25
 DRAIN_S = 2.0
+#: Sent by the parent to end a client's measurement at the given monotonic time (ns).
+STOP = "stop"
 
 
 @dataclass
@@ -66,6 +74,9 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
     import zmq
     import zmq.backend
 
+    # Started with SIGINT blocked (see run): a terminal's Ctrl-C is the parent's to act on.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     spec = BenchSpec(**spec_dict)
     time_shift = spec.layout["sequence_bits"] + spec.layout["worker_bits"] + spec.layout["region_bits"]
     max_ms = (1 << spec.layout["time_bits"]) - 1
@@ -176,6 +187,12 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
             conn.send(("progress", now, progress_ids, progress_reqs, sum(errors.values())))
             progress_ids = progress_reqs = 0
             next_progress = now + int(PROGRESS_INTERVAL_S * 1e9)
+            if conn.poll():
+                message, stop_ns = conn.recv()
+                if message == STOP and stop_ns < end_ns:
+                    # What was sent from then on is drained, not counted.
+                    end_ns = max(stop_ns, start_ns)
+                    drain_until = now + int(DRAIN_S * 1e9)
     conn.send(("progress", mono(), progress_ids, progress_reqs, sum(errors.values())))
     conn.send(
         (
@@ -239,16 +256,28 @@ def run(spec: BenchSpec, progress=None) -> dict:
 
     mp = multiprocessing.get_context("spawn")
     pipes, procs = [], []
-    for i in range(spec.clients):
-        parent, child = mp.Pipe()
-        p = mp.Process(target=_client_main, args=(child, asdict(spec), i), daemon=True)
-        p.start()
-        pipes.append(parent)
-        procs.append(p)
+    # The handler only records Ctrl-C; the loop below acts on it.
+    interrupts: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupts.append(time.monotonic_ns()))
+    # Children start with SIGINT blocked (a blocked signal stays blocked across exec),
+    # so none can die of one before it ignores it; one that came meanwhile reaches us here.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for i in range(spec.clients):
+            parent, child = mp.Pipe()
+            p = mp.Process(target=_client_main, args=(child, asdict(spec), i), daemon=True)
+            p.start()
+            pipes.append(parent)
+            procs.append(p)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         for conn in pipes:
-            if not conn.poll(30):
-                raise SnowfenceError("a bench client did not start within 30 s")
+            while not conn.poll(0.1):
+                if interrupts:
+                    raise KeyboardInterrupt
+                if not any(p.is_alive() for p in procs):
+                    raise SnowfenceError("a bench client did not start")
             conn.recv()
         start_ns = time.monotonic_ns() + 200_000_000
         measure_ns = start_ns + int(spec.warmup_s * 1e9)
@@ -259,7 +288,16 @@ def run(spec: BenchSpec, progress=None) -> dict:
         results = [None] * spec.clients
         live_ids = 0
         last_print = 0.0
+        stopped_ns = None
         while any(r is None for r in results):
+            if interrupts and stopped_ns is None:
+                stopped_ns = min(interrupts[0], end_ns)
+                if stopped_ns <= measure_ns:
+                    raise KeyboardInterrupt  # nothing measured yet: nothing to report
+                for conn in pipes:
+                    conn.send((STOP, stopped_ns))
+            elif len(interrupts) > 1:
+                raise KeyboardInterrupt
             for i, conn in enumerate(pipes):
                 while results[i] is None and conn.poll():
                     msg = conn.recv()
@@ -284,15 +322,31 @@ def run(spec: BenchSpec, progress=None) -> dict:
             time.sleep(0.02)
         if progress is not None:
             progress.write("\n")
+    except KeyboardInterrupt:
+        for p in procs:
+            p.kill()
+        raise
     finally:
         for p in procs:
             p.join(5)
             if p.is_alive():
                 p.kill()
-    return summarize(spec, results, timeline, ceiling, worker_ids)
+                p.join(5)
+        signal.signal(signal.SIGINT, previous)
+    measured_s = spec.duration_s if stopped_ns is None else (stopped_ns - measure_ns) / 1e9
+    return summarize(spec, results, timeline, ceiling, worker_ids, measured_s)
 
 
-def summarize(spec: BenchSpec, results: list[dict], timeline: Counter, ceiling: int, worker_ids: int) -> dict:
+def summarize(
+    spec: BenchSpec,
+    results: list[dict],
+    timeline: Counter,
+    ceiling: int,
+    worker_ids: int,
+    measured_s: float | None = None,
+) -> dict:
+    """The results of a run; ``measured_s`` is shorter than ``spec.duration_s`` if it was interrupted."""
+    measured_s = spec.duration_s if measured_s is None else measured_s
     latencies = array.array("q")
     pairs: list[tuple[int, int]] = []
     errors: Counter = Counter()
@@ -312,8 +366,10 @@ def summarize(spec: BenchSpec, results: list[dict], timeline: Counter, ceiling: 
         lost += r["lost"]
     ordered = sorted(latencies)
     out = {
-        "ids_per_s": ids / spec.duration_s,
-        "requests_per_s": requests / spec.duration_s,
+        "ids_per_s": ids / measured_s,
+        "requests_per_s": requests / measured_s,
+        "measured_s": measured_s,
+        "interrupted": measured_s < spec.duration_s,
         "ids": ids,
         "requests": requests,
         "latency_us": {
@@ -328,7 +384,7 @@ def summarize(spec: BenchSpec, results: list[dict], timeline: Counter, ceiling: 
         "lost_in_flight": lost,
         "ceiling_ids_per_s": ceiling,
         "worker_ids": worker_ids,
-        "timeline_ids_per_s": [timeline[i] / 0.5 for i in range(int(spec.duration_s / 0.5))],
+        "timeline_ids_per_s": [timeline[i] / 0.5 for i in range(int(measured_s / 0.5))],
         "spec": {k: v for k, v in asdict(spec).items() if k != "layout"},
     }
     if spec.check:
@@ -346,9 +402,12 @@ def summarize(spec: BenchSpec, results: list[dict], timeline: Counter, ceiling: 
 def format_table(res: dict) -> str:
     spec = res["spec"]
     lat = res["latency_us"]
+    took = f"{spec['duration_s']:g} s"
+    if res["interrupted"]:
+        took = f"interrupted after {res['measured_s']:.1f} of {took}"
     lines = [
-        f"snowfence bench: {spec['clients']} clients x {spec['depth']} in flight, batch {spec['batch']}, "
-        f"{spec['duration_s']:g} s" + (f", {spec['rate']:,.0f} requests/s offered" if spec["rate"] else ""),
+        f"snowfence bench: {spec['clients']} clients x {spec['depth']} in flight, batch {spec['batch']}, {took}"
+        + (f", {spec['rate']:,.0f} requests/s offered" if spec["rate"] else ""),
         f"  IDs/s        {res['ids_per_s']:>14,.0f}"
         + (
             f"   ({res['ids_per_s'] / res['ceiling_ids_per_s']:.1%} of the layout's ceiling for "
@@ -409,7 +468,11 @@ def main(argv_spec: BenchSpec, as_json: bool, plot_path: str | None) -> int:
     import orjson
 
     # Progress rewrites one line with \r: only for a person watching a terminal.
-    res = run(argv_spec, progress=sys.stderr if sys.stderr.isatty() else None)
+    try:
+        res = run(argv_spec, progress=sys.stderr if sys.stderr.isatty() else None)
+    except KeyboardInterrupt:
+        print("snowfence: interrupted during the warm-up: nothing was measured", file=sys.stderr)
+        return 130
     latencies = res.pop("_latencies_ns", None)
     if as_json:
         print(orjson.dumps(res, option=orjson.OPT_INDENT_2).decode())
@@ -419,4 +482,6 @@ def main(argv_spec: BenchSpec, as_json: bool, plot_path: str | None) -> int:
     if plot_path:  # after the results are out: a plot that cannot be saved loses nothing
         plot({**res, "_latencies_ns": latencies}, plot_path)
     check = res.get("check")
-    return 1 if check and not check["unique"] else 0
+    if check and not check["unique"]:
+        return 1
+    return 130 if res["interrupted"] else 0

@@ -1,15 +1,17 @@
 """The ``snowfence`` command: turns arguments into config and calls the package.
 
 snowfence serve [--bind EP] [--workers N] [--region R] [--state-dir DIR] [--config FILE] ...
+snowfence check-config [the flags of serve] [--json]
 snowfence reserve N [--connect EP[,EP...]] [--format text|json|binary|blocks]
-snowfence decode ID... [--json]
+snowfence decode [ID... | -] [--json]
 snowfence status [--connect EP[,EP...]] [--json]
 snowfence bench [--connect EP] [--duration S] [--batch N] [--clients C] [--depth D] [--rate R] [--json]
 
 Exit status: 0 done; 1 the service answered with an error, or did not answer;
-73 the state directory is unusable; 78 (EX_CONFIG) the command line, the
-environment or the config file is invalid, including a key file or an endpoint
-that cannot be used. Every error is one line on stderr.
+73 the state directory is unusable (keygen: the key files exist); 78
+(EX_CONFIG) the command line, the environment or the config file is invalid,
+including a key file or an endpoint that cannot be used; 130 interrupted.
+Every error is one line on stderr.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import array
 import math
 import os
+import re
 import sys
 import time
 
@@ -25,14 +28,23 @@ import orjson
 
 from . import __version__
 from . import config as config_mod
-from .errors import ConfigError, SnowfenceError, StateDirError
+from .clients.core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
+from .errors import ConfigError, EtcdUnavailable, SnowfenceError, StateDirError
 from .ids import format_unix_ms
 from .protocol import MAX_BLOCK, endpoint_problem
 from .workers.exits import Exit
 
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
+#: More IDs than any layout holds (its widths sum to 63 bits).
+MAX_COUNT = (1 << 63) - 1
+#: What separates IDs read from stdin: whitespace, or the commas, brackets and quotes of a JSON array.
+ID_SEPARATORS = re.compile(r'[\s,\[\]"]+')
 LAYOUT_FIELDS = ("epoch", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
 ETCD_FIELDS = ("etcd", "cluster", "etcd_ca", "etcd_cert", "etcd_key", "etcd_user", "etcd_password", "etcd_timeout_s")
+
+
+class _Plain(SnowfenceError):
+    """An error whose message says it all: printed without a code."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,11 +99,15 @@ def _add_config_flags(parser: argparse.ArgumentParser, names=None, repeatable=()
 
 
 def _load_config(args: argparse.Namespace, names=None) -> config_mod.Config:
+    return _resolve_config(args)[0]
+
+
+def _resolve_config(args: argparse.Namespace) -> tuple[config_mod.Config, dict]:
     flags = {name: getattr(args, name) for name in config_mod.FIELDS if hasattr(args, name)}
-    return config_mod.load(flags=flags, config_file=getattr(args, "config", None))
+    return config_mod.resolve(flags=flags, config_file=getattr(args, "config", None))
 
 
-def _connect_arg(parser: argparse.ArgumentParser) -> None:
+def _connect_arg(parser: argparse.ArgumentParser, retries: bool = True) -> None:
     parser.add_argument(
         "--connect",
         metavar="EP[,EP...]",
@@ -107,10 +123,21 @@ def _connect_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         type=_number(float, 0, 1_000_000, low_open=True, what="a number of seconds"),
-        default=5.0,
+        default=DEFAULT_TIMEOUT_S,
         metavar="S",
-        help="Seconds to wait for a reply (default 5).",
+        help="Seconds to wait for the reply to each attempt (default 5): the timeout is per attempt, not per call."
+        + (" After a timeout the next attempt goes to another node, if one is known." if retries else ""),
     )
+    if retries:
+        parser.add_argument(
+            "--retries",
+            type=_number(int, 0, 1_000_000, what="a count"),
+            default=DEFAULT_RETRIES,
+            metavar="N",
+            help=f"Failed attempts a call retries before it gives up (default {DEFAULT_RETRIES}). A timeout that "
+            "moves the call to a node it has not yet found unresponsive uses up no retry, so a call that gets "
+            "no reply gives up after about (nodes known + N) x S seconds, and says how long it waited.",
+        )
     parser.add_argument(
         "--server-key",
         metavar="FILE",
@@ -128,7 +155,7 @@ def _connect_arg(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="snowfence", description="64-bit, time-ordered IDs that are never issued twice.")
     parser.add_argument("--version", action="version", version=f"snowfence {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser(
         "serve",
@@ -138,8 +165,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(serve)
 
+    check = sub.add_parser(
+        "check-config",
+        help="Show the settings serve would run with, and where each came from; bind and write nothing.",
+        description="Resolve the settings as `snowfence serve` would (defaults < --config file < SNOWFENCE_* "
+        "environment < flags), check them as serve does before it binds anything, and print each with its "
+        "source. Secrets are masked. Exit status 0 if serve would start, 78 or 73 (and one line saying why) if not.",
+    )
+    _add_config_flags(check)
+    check.add_argument("--json", action="store_true", help="Print the settings as JSON.")
+
     reserve = sub.add_parser("reserve", help="Reserve N IDs and print them.")
-    reserve.add_argument("count", type=_number(int, 1, what="a count"), metavar="N")
+    reserve.add_argument(
+        "count",
+        type=_number(int, 1, MAX_COUNT, what="a count"),
+        metavar="N",
+        help="IDs to reserve (at most 2^63-1: every ID a layout holds).",
+    )
     _connect_arg(reserve)
     reserve.add_argument(
         "--format",
@@ -168,12 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="Show the fields of IDs.",
         description="Decode IDs with the configured layout (flags, env or --config).",
     )
-    decode.add_argument("ids", nargs="+", metavar="ID")
+    decode.add_argument(
+        "ids",
+        nargs="*",
+        metavar="ID",
+        help="IDs to decode; none, or -, reads them from stdin (whitespace-separated, as `snowfence reserve` prints "
+        "them, or a JSON array of strings).",
+    )
     decode.add_argument("--json", action="store_true", help="One JSON object per line.")
     _add_config_flags(decode, LAYOUT_FIELDS)
 
     bench = sub.add_parser("bench", help="Load a running deployment and report IDs/s, requests/s and latency.")
-    _connect_arg(bench)
+    _connect_arg(bench, retries=False)
     seconds = _number(float, 0, 1_000_000, low_open=True, what="a number of seconds")
     bench.add_argument("--duration", type=seconds, default=10.0, metavar="S", help="Seconds measured (default 10).")
     bench.add_argument(
@@ -206,10 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--rate",
-        type=_number(float, 0, 1e9, what="a rate"),
+        type=_number(float, 0, 1e9, low_open=True, what="a rate"),
         default=0.0,
         metavar="R",
-        help="Offered requests/s in total, on a fixed schedule (default: as fast as answered).",
+        help="Offered requests/s in total, on a fixed schedule, above 0; without it, as fast as answered.",
     )
     bench.add_argument(
         "--no-check",
@@ -225,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = sub.add_parser("keygen", help="Write a CURVE key pair: NAME.key (public) and NAME.key_secret.")
     keygen.add_argument("name", metavar="NAME")
     keygen.add_argument("--dir", default=".", help="Directory to write into (default: the current one).")
+    keygen.add_argument(
+        "--force",
+        action="store_true",
+        help="Replace a key pair of that name (clients holding its public key are locked out until given the new one).",
+    )
 
     status = sub.add_parser(
         "status",
@@ -255,14 +308,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        return globals()[f"cmd_{args.command}"](args)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 0
+        return globals()[f"cmd_{args.command.replace('-', '_')}"](args)
     except StateDirError as exc:
         print(f"snowfence: {exc}", file=sys.stderr)
         return Exit.CANTCREAT
     except ConfigError as exc:
         print(f"snowfence: {exc}", file=sys.stderr)
         return Exit.CONFIG
+    except _Plain as exc:
+        print(f"snowfence: {exc}", file=sys.stderr)
+        return 1
     except SnowfenceError as exc:
         print(f"snowfence: {exc.code}: {exc}", file=sys.stderr)
         return 1
@@ -283,12 +343,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .logs import setup
 
     config = _load_config(args)
-    if not config.embedded:
-        from .workers.etcd import require_client
-
-        require_client()  # here, not in every worker after the node started
     setup(config.log_level, config.log_format, role="broker")
     return serve(config)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from .broker import preflight
+
+    config, sources = _resolve_config(args)
+    preflight.check(config, create=False)
+    warnings = [message for _, message in preflight.warnings(config)]
+    shown = config.public()  # secrets masked
+    if args.json:
+        settings = {
+            name: {"value": value, "source": sources[name][0], "from": sources[name][1]}
+            for name, value in shown.items()
+        }
+        doc = {"version": __version__, "settings": settings, "warnings": warnings}
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    for message in warnings:
+        print(f"snowfence: warning: {message}", file=sys.stderr)
+    # TOML, so that the output can become a config file; the source of each setting as a comment.
+    lines = [
+        (f"{name} = {orjson.dumps(value).decode()}", _source(name, sources[name], config))
+        for name, value in shown.items()
+    ]
+    width = max(len(setting) for setting, _ in lines)
+    print(f"# snowfence {__version__}: the settings `snowfence serve` would run with; nothing was bound or written")
+    print("\n".join(f"{setting:<{width}}  # {source}" for setting, source in lines))
+    return 0
+
+
+def _source(name: str, source: tuple[str, str | None], config) -> str:
+    kind, where = source
+    text = kind if where is None else f"{kind} {where}"
+    if name == "workers" and config.workers == 0:
+        text += f": {config.worker_count} on this host"
+    if name == "curve_secret_key" and config.curve_secret_key:
+        text += " (a key file; the key itself is never shown)"
+    return text
 
 
 def _endpoints(args: argparse.Namespace) -> list[str]:
@@ -325,6 +419,7 @@ def _client(args: argparse.Namespace):
         return Client(
             endpoints,
             timeout_s=args.timeout,
+            retries=args.retries,
             server_key=args.server_key,
             client_key=args.client_key,
             discover=args.discover,
@@ -376,10 +471,24 @@ def _write_blocks(out, block, first: bool) -> None:
 _WRITERS = {"text": _write_text, "json": _write_json, "binary": _write_binary, "blocks": _write_blocks}
 
 
+def _decode_inputs(ids: list[str]):
+    """The IDs to decode: the arguments, with ``-`` (or no argument at all) read from stdin as it comes."""
+    if not ids:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise ConfigError("decode: give IDs, or - to read them from stdin")
+        ids = ["-"]
+    for text in ids:
+        if text != "-":
+            yield text
+            continue
+        for line in sys.stdin:
+            yield from filter(None, ID_SEPARATORS.split(line))
+
+
 def cmd_decode(args: argparse.Namespace) -> int:
     layout = _load_config(args).layout
     status = 0
-    for text in args.ids:
+    for text in _decode_inputs(args.ids):
         try:
             fields = layout.decompose(int(text)) if text.strip().isdigit() else None
         except ValueError:
@@ -425,15 +534,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
+    import tempfile
+
     import zmq.auth
 
     if not args.name or args.name.startswith(".") or "/" in args.name or "\0" in args.name:
         raise ConfigError(f"key name {args.name!r} must be a plain file name (the files go in --dir)")
     os.makedirs(args.dir, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(args.dir, args.name)
-    os.chmod(secret, 0o600)
+    public, secret = (os.path.join(args.dir, args.name + suffix) for suffix in (".key", ".key_secret"))
+    # A server key that is replaced locks out every client that has its public key.
+    existing = [path for path in (public, secret) if os.path.lexists(path)]
+    if existing and not args.force:
+        return _keys_exist(existing)
+    # Made in a private directory and moved into place whole, the secret key never
+    # exists with looser permissions, and without --force nothing is overwritten.
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix=".keygen-") as tmp:
+        made_public, made_secret = zmq.auth.create_certificates(tmp, args.name)
+        os.chmod(made_secret, 0o600)
+        placed = []
+        for made, final in ((made_secret, secret), (made_public, public)):
+            if args.force:
+                os.replace(made, final)
+                continue
+            try:
+                os.link(made, final)
+            except FileExistsError:  # made by someone else since we looked
+                for path in placed:
+                    os.unlink(path)
+                return _keys_exist([final])
+            placed.append(final)
     print(f"public key: {public}\nsecret key: {secret} (keep it private)")
     return 0
+
+
+def _keys_exist(paths: list[str]) -> int:
+    print(
+        f"snowfence: {' and '.join(paths)} already exist{'s' if len(paths) == 1 else ''}; not replacing a key "
+        "pair that clients may rely on (--force replaces it)",
+        file=sys.stderr,
+    )
+    return Exit.CANTCREAT
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -458,10 +598,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
         return 0
     broker = status["broker"]
+    # A server older than software_version in STATUS says only its protocol version.
+    version = f"snowfence {status['software_version']}, " if status.get("software_version") else ""
     print(
         f"broker pid {broker.get('pid')} on {broker.get('bind')}: {broker.get('state')}, "
         f"{broker.get('mode')} mode, region {status.get('region')}, "
-        f"{broker.get('workers_in_rotation')} of {len(broker.get('slots', []))} workers in rotation"
+        f"{broker.get('workers_in_rotation')} of {len(broker.get('slots', []))} workers in rotation "
+        f"({version}protocol {status.get('version')})"
     )
     slots = broker.get("slots", [])
     print(
@@ -523,16 +666,25 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cluster_status(config, as_json: bool) -> int:
+def _read_etcd(config, read):
+    """``read(store)`` on the etcd cluster ``config`` names; etcd not answering is said in plain words."""
     from .workers.etcd import EtcdStore
 
     store = EtcdStore(config)
     try:
-        entries = store.census()
-        members = store.nodes()
-        regions = store.regions()
+        return read(store)
+    except EtcdUnavailable as exc:
+        detail = str(exc).split(" failed: ", 1)[-1]  # what the client said, without which call it was
+        raise _Plain(
+            f"cannot reach etcd at {','.join(config.etcd)}: {detail} (each call waits up to "
+            f"{config.etcd_timeout_s:g} s); is etcd running there, and are the address, TLS files and password right?"
+        ) from None
     finally:
         store.close()
+
+
+def _cluster_status(config, as_json: bool) -> int:
+    entries, members, regions = _read_etcd(config, lambda store: (store.census(), store.nodes(), store.regions()))
     epoch = config.layout.epoch_ms
     now_ms = time.time_ns() // 1_000_000 - epoch
     for e in entries:
@@ -576,16 +728,10 @@ def _clusters_status(configs: list, as_json: bool) -> int:
     """Several etcd clusters (one a region, say) side by side: their nodes and the
     region numbers each records; a region number two clusters use is a conflict
     (their nodes could mint the same IDs), and makes the exit status 1."""
-    from .workers.etcd import EtcdStore
-
     seen = []
     for config in configs:
-        store = EtcdStore(config)
-        try:
-            seen.append({"cluster": config.cluster, "etcd": list(config.etcd), "regions": store.regions(),
-                         "nodes": store.nodes()})  # fmt: skip
-        finally:
-            store.close()
+        regions, members = _read_etcd(config, lambda store: (store.regions(), store.nodes()))
+        seen.append({"cluster": config.cluster, "etcd": list(config.etcd), "regions": regions, "nodes": members})
     users: dict[int, list[str]] = {}
     for entry in seen:
         for region in entry["regions"]:

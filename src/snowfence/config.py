@@ -9,6 +9,7 @@ Precedence: defaults < TOML file < environment < flags.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import tomllib
@@ -202,7 +203,8 @@ class Config:
     # -- operations ---------------------------------------------------------------------
     metrics_bind: str = setting(
         "",
-        "host:port for Prometheus metrics and health endpoints (/metrics, /livez, /readyz); empty is off.",
+        "HOST:PORT for Prometheus metrics and health endpoints (/metrics, /livez, /readyz): 127.0.0.1:9464, "
+        "[::1]:9464 (IPv6 in brackets), 0.0.0.0:9464 or :9464 for every IPv4 interface; empty is off.",
         metavar="HOST:PORT",
     )
 
@@ -233,6 +235,8 @@ class Config:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _coerce(f, getattr(self, f.name)))
+        for name in WORD_SETTINGS:  # DEBUG, Json and HLC mean what they say
+            object.__setattr__(self, name, getattr(self, name).strip().lower())
         layout = self.layout  # validates widths and epoch
         layout.check_region(self.region)
         problem = endpoint_problem(self.bind, bind=True)
@@ -306,9 +310,11 @@ class Config:
             raise ConfigError("curve_allow needs curve_secret_key")
         if self.max_clock_error_ms < 0 or self.forward_jump_ms < 1:
             raise ConfigError("max_clock_error_ms must be >= 0 and forward_jump_ms >= 1")
-        port = self.metrics_bind.rpartition(":")[2]
-        if self.metrics_bind and not (port.isascii() and port.isdigit() and int(port) <= 65535):
-            raise ConfigError(f"metrics_bind must look like 127.0.0.1:9464, got {self.metrics_bind!r}")
+        if self.metrics_bind:
+            try:
+                host_port(self.metrics_bind)
+            except ValueError as exc:
+                raise ConfigError(f"metrics_bind {self.metrics_bind!r}: {exc}") from None
         if not 0 <= self.max_step_back_ms <= 1000:
             raise ConfigError(f"max_step_back_ms must be 0..1000, got {self.max_step_back_ms}")
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -358,6 +364,34 @@ class Config:
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+#: Settings that take one of a few words; any case is accepted, kept in lower case.
+WORD_SETTINGS = ("log_level", "log_format", "clock_policy")
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """The (host, port) of a ``HOST:PORT`` setting; an IPv6 host goes in brackets (``[::1]:9464``)
+    and comes back without them; an empty host means every IPv4 interface. ValueError says what is wrong."""
+    brackets = "an IPv6 address goes in brackets, then the port: [::1]:9464"
+    if text.startswith("["):
+        host, closed, rest = text[1:].partition("]")
+        if not closed:
+            raise ValueError(brackets)
+        try:
+            host = str(ipaddress.IPv6Address(host))
+        except ValueError:
+            raise ValueError(f"[{host}] is not an IPv6 address in brackets") from None
+        sep, port = rest[:1], rest[1:]
+    else:
+        host, sep, port = text.rpartition(":")
+        if ":" in host:
+            raise ValueError(brackets)
+    if sep != ":":
+        raise ValueError("needs HOST:PORT, e.g. 127.0.0.1:9464 (a port alone names no host to bind)")
+    if not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ValueError(f"the port must be a number 0..65535, got {port!r}")
+    return host, int(port)
 
 
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_self: str = "/proc/self/cgroup") -> int:
@@ -472,6 +506,10 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+#: Where a setting came from: ("default", None), ("file", path), ("env", variable) or ("flag", flag).
+Source = tuple[str, str | None]
+
+
 def load(
     flags: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
@@ -482,20 +520,31 @@ def load(
     ``flags`` holds only the flags the user gave. The config file comes from the
     ``config_file`` argument or else ``SNOWFENCE_CONFIG``.
     """
+    return resolve(flags, env, config_file)[0]
+
+
+def resolve(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | os.PathLike | None = None,
+) -> tuple[Config, dict[str, Source]]:
+    """What :func:`load` builds, and the :data:`Source` of every setting."""
     env = os.environ if env is None else env
     flags = dict(flags or {})
     values: dict[str, Any] = {}
+    sources: dict[str, Source] = dict.fromkeys(FIELDS, ("default", None))
     path = config_file or env.get(ENV_PREFIX + "CONFIG")
     if path:
-        values.update(read_toml(path))
+        for name, value in read_toml(path).items():
+            values[name], sources[name] = value, ("file", os.fspath(path))
     for name in FIELDS:
         if env_name(name) in env:
-            values[name] = env[env_name(name)]
+            values[name], sources[name] = env[env_name(name)], ("env", env_name(name))
     for name, value in flags.items():
         if name not in FIELDS:
             raise ConfigError(f"unknown setting {name!r}")
-        values[name] = value
-    return Config(**values)
+        values[name], sources[name] = value, ("flag", flag_name(name))
+    return Config(**values), sources
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:

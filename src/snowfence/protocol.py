@@ -435,7 +435,7 @@ class WorkerState:
     """What a worker reports in every STATE frame (its heartbeat, and on every change).
 
     Read by the router (rotation, room, STATUS), the metrics (counters, step-back
-    histogram, gauges) and, through STATUS, ``snowfence status``. A field missing
+    and minting-time histograms, gauges) and, through STATUS, ``snowfence status``. A field missing
     from the JSON takes its default; a field of the wrong type makes the whole
     payload a :class:`BadState`."""
 
@@ -464,6 +464,9 @@ class WorkerState:
     passed_over: list = field(default_factory=list)
     #: What the store forgot or went back on, by the node's journal: claims are refused until a restore is accepted.
     store_problem: str | None = None
+    #: Minting times by request kind: ``le`` bucket bounds (ns), and per kind in
+    #: ``kinds`` its ``counts`` (one per bucket, then the overflow) and ``sum_ns``.
+    mint_ns: dict | None = None
 
     _KINDS = {
         "slot": (int,),
@@ -479,6 +482,7 @@ class WorkerState:
         "clock_ahead_ms": _NUMBER,
         "passed_over": (list,),
         "store_problem": (str,),
+        "mint_ns": (dict,),
     }
 
     @classmethod
@@ -497,6 +501,9 @@ class WorkerState:
             and isinstance(hist.get("sum_ms"), _NUMBER)
         ):
             raise BadState("STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)")
+        mint = known["mint_ns"]
+        if mint is not None and not _is_histograms(mint):
+            raise BadState("STATE field 'mint_ns' is not histograms by kind (le, kinds: counts, sum_ns)")
         if not all(isinstance(p, dict) and isinstance(p.get("worker_id"), int) for p in known["passed_over"]):
             raise BadState("STATE field 'passed_over' is not a list of objects with a worker_id")
         held = obj.get("held") or []
@@ -512,6 +519,23 @@ class WorkerState:
 
 def _is_numbers(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, _NUMBER) and not isinstance(v, bool) for v in value)
+
+
+def _is_histograms(value: dict) -> bool:
+    """``{"le": [...], "kinds": {kind: {"counts": [...], "sum_ns": n}}}``, a count per bucket and the overflow."""
+    le, kinds = value.get("le"), value.get("kinds")
+    return (
+        _is_numbers(le)
+        and isinstance(kinds, dict)
+        and all(
+            isinstance(h, dict)
+            and _is_numbers(h.get("counts"))
+            and len(h["counts"]) == len(le) + 1
+            and isinstance(h.get("sum_ns"), _NUMBER)
+            and not isinstance(h["sum_ns"], bool)
+            for h in kinds.values()
+        )
+    )
 
 
 def encode_state(status: WorkerState | dict) -> bytes:

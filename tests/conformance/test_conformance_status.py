@@ -41,9 +41,10 @@ def test_status_over_req_and_with_delimiter(server, sockets):
 
 def test_status_top_level_fields(server, sockets):
     _, st = get_status(sockets)
-    for key in ("version", "broker", "layout", "region", "workers"):
+    for key in ("version", "software_version", "broker", "layout", "region", "workers"):
         assert key in st, f"STATUS_REPLY lacks {key!r}: {sorted(st)}"
     assert st["version"] == 1
+    assert isinstance(st["software_version"], str) and st["software_version"], st["software_version"]
     assert st["region"] == 0
     assert isinstance(st["workers"], list)
 

@@ -4,7 +4,9 @@ Each proxy listens on a port the kernel picks (bound before anyone is told
 about it, so there is no race) and forwards to one target. ``sever()`` turns it
 into a black hole: connections stay open but nothing passes, so the other side
 sees calls time out, as across a real partition, rather than fail fast.
-``heal()`` closes the black-holed connections and forwards again.
+``heal()`` closes the black-holed connections and forwards again. A proxy may
+be made before its target exists (so the target can be told the proxy's
+address) and pointed at it with ``forward_to()``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class Proxy:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def forward_to(self, target_host: str, target_port: int) -> None:
+        """Connections accepted from now on go to this target."""
+        with self._lock:
+            self.target = (target_host, target_port)
 
     def sever(self) -> None:
         with self._lock:

@@ -1,9 +1,11 @@
 """Real snowfence nodes for tests: each one a `python -m snowfence serve`
-process group on an ipc:// endpoint, and helpers to wait on conditions."""
+process group on an ipc:// endpoint (or on the TCP port the kernel picks), and
+helpers to wait on conditions."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,12 +49,16 @@ class Node:
         args: tuple = (),
         env: dict | None = None,
         prefix: tuple = (),
+        bind: str | None = None,
     ) -> None:
         self.name = name
         #: A command the node runs under (e.g. ``("taskset", "-c", "0")``).
         self.prefix = list(prefix)
         self.dir = tmp_path
         self.endpoint = f"ipc://{tmp_path}/{name}.sock"
+        #: What the node binds: its endpoint, unless told otherwise (``tcp://127.0.0.1:0``:
+        #: a port the kernel picks, known after :meth:`wait_bound`).
+        self.bind = bind or self.endpoint
         self.state_dir = state_dir or tmp_path / f"{name}-state"
         self.workers = workers
         self.args = list(args)
@@ -72,7 +78,7 @@ class Node:
             "snowfence",
             "serve",
             "--bind",
-            self.endpoint,
+            self.bind,
             "--state-dir",
             str(self.state_dir),
             "--workers",
@@ -88,6 +94,13 @@ class Node:
             self.proc.pid, group=True, what=f"node {self.name}", run_dir_bases=self.run_dir_bases
         )
         return self
+
+    def wait_bound(self, timeout_s: float = 20.0) -> str:
+        """The endpoint the node says it serves on, which is its ``endpoint`` from now on."""
+        pattern = re.compile(r"snowfence serving on (\S+)")
+        found = wait_for(lambda: pattern.search(self.log()), timeout_s, what=f"{self.name} to bind")
+        self.endpoint = found.group(1)
+        return self.endpoint
 
     @property
     def pid(self) -> int:

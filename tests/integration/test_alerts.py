@@ -1,5 +1,6 @@
 """Every alert rule in deploy/prometheus/alerts.yml, run by ``promtool test rules``:
-for each alert one history that must fire it and one that must not.
+for each alert one history that must fire it and one that must not; and each
+rule's runbook_url leads to its own entry in docs/OPERATIONS.md.
 
 The not-firing cases sit just on the safe side of each threshold, where a rule
 that compares the wrong series (or the right ones with the wrong labels) fires.
@@ -12,16 +13,20 @@ import os
 import re
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
-RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
+OPERATIONS = ROOT / "docs" / "OPERATIONS.md"
 NODE = {"instance": "n1:9464", "job": "snowfence"}
 
 
 def series(name: str, values: str, **labels) -> dict:
-    text = ",".join(f'{k}="{v}"' for k, v in {**labels, **NODE}.items())
+    text = ",".join(f'{k}="{v}"' for k, v in {**NODE, **labels}.items())
     return {"series": f"{name}{{{text}}}", "values": values}
 
 
@@ -42,8 +47,48 @@ def requests(ok: str, refused: str, unavailable: str = "0+0x30") -> list:
     ]
 
 
+def up(values: str, job: str = "snowfence", instance: str = NODE["instance"]) -> dict:
+    return {"series": f'up{{instance="{instance}",job="{job}"}}', "values": values}
+
+
 #: alert -> (a history that fires it, one that must not).
 CASES = {
+    "SnowfenceTargetDown": (
+        case(
+            "3m",
+            [up("1 0 0 0 0 0"), up("1x5", instance="n2:9464")],
+            [alert("page", "Prometheus cannot scrape n1:9464: the node is down or unreachable")],
+        ),
+        # Another job's target down, and one scrape of ours missed: not this alert.
+        case("3m", [up("1 1 0 1 1 1"), up("0x5", job="other", instance="x:9100")]),
+    ),
+    "SnowfenceTargetAbsent": (
+        case(
+            "7m",
+            [up("1x10", job="other", instance="x:9100")],
+            [
+                {
+                    "exp_labels": {"severity": "page", "job": "snowfence"},
+                    "exp_annotations": {"summary": "Prometheus has no snowfence target to scrape (job snowfence)"},
+                }
+            ],
+        ),
+        # Present but down is SnowfenceTargetDown's.
+        case("7m", [up("0x10")]),
+    ),
+    "SnowfenceMetricsMissing": (
+        case(
+            "7m",
+            [up("1x10"), series("snowfence_build_info", "1x10", version="0.1.0", instance="n2:9464")],
+            [
+                {
+                    "exp_labels": {"severity": "ticket", **NODE},
+                    "exp_annotations": {"summary": "n1:9464 answers scrapes but exports no snowfence metrics"},
+                }
+            ],
+        ),
+        case("7m", [up("1x10"), series("snowfence_build_info", "1x10", version="0.1.0")]),
+    ),
     "SnowfenceNotReady": (
         case(
             "2m",
@@ -189,6 +234,38 @@ def test_every_alert_rule_has_a_firing_and_a_quiet_case():
         assert firing["exp_alerts"] and not quiet["exp_alerts"], name
 
 
+def runbook(name: str) -> str:
+    return f"docs/OPERATIONS.md#{name.lower()}"
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown document (outside code blocks)."""
+    out, seen, fenced = set(), Counter(), False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        m = None if fenced else re.match(r"#{1,6} +(.+?)\s*$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+            out.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+            seen[slug] += 1
+    return out
+
+
+def test_every_rule_links_its_own_runbook_entry_and_the_anchor_exists():
+    rules = [r for group in yaml.safe_load(RULES.read_text())["groups"] for r in group["rules"]]
+    docs = OPERATIONS.read_text()
+    targets = anchors(docs)
+    assert "snowfencenotready" in targets and "metrics" in targets  # the anchors are computed as GitHub does
+    for rule in rules:
+        url = rule["annotations"].get("runbook_url")
+        assert url == runbook(rule["alert"]), f"{rule['alert']}: runbook_url {url!r}"
+        path, _, anchor = url.partition("#")
+        assert (ROOT / path).resolve() == OPERATIONS.resolve()
+        assert anchor in targets, f"{rule['alert']}: no heading in OPERATIONS.md has the anchor #{anchor}"
+        assert f"### {rule['alert']}\n" in docs, f"no runbook entry for {rule['alert']}"
+
+
 def test_alert_rules_pass_promtool(tmp_path):
     tool = promtool()
     check = subprocess.run([tool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
@@ -196,13 +273,16 @@ def test_alert_rules_pass_promtool(tmp_path):
     tests = []
     for name, pair in CASES.items():
         for c in pair:
+            # Every alert carries its runbook link besides its summary.
+            expected = [
+                {**a, "exp_annotations": {**a["exp_annotations"], "runbook_url": runbook(name)}}
+                for a in c["exp_alerts"]
+            ]
             tests.append(
                 {
                     "interval": c["interval"],
                     "input_series": c["input_series"],
-                    "alert_rule_test": [
-                        {"eval_time": c["eval_time"], "alertname": name, "exp_alerts": c["exp_alerts"]}
-                    ],
+                    "alert_rule_test": [{"eval_time": c["eval_time"], "alertname": name, "exp_alerts": expected}],
                 }
             )
     spec = tmp_path / "alerts_test.yml"  # JSON is YAML

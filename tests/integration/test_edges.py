@@ -8,6 +8,7 @@ left on disk.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -280,3 +281,156 @@ def test_a_client_that_waits_for_its_server_is_carried_over_its_start(nodes):
             assert sum(b.count for b in client.reserve(10)) == 10
         finally:
             starter.join()
+
+
+@pytest.mark.parametrize("where", ["flag", "env", "file"])
+def test_a_metrics_bind_without_a_host_is_one_config_error_line_wherever_it_is_set(tmp_path, where):
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"TMPDIR": str(work), "XDG_RUNTIME_DIR": str(work)}
+    args = ["serve", "--bind", f"ipc://{tmp_path}/ok.sock", "--state-dir", str(tmp_path / "state"), "--workers", "1"]
+    if where == "flag":
+        args += ["--metrics-bind", "9650"]
+    elif where == "env":
+        env["SNOWFENCE_METRICS_BIND"] = "9650"
+    else:
+        (tmp_path / "node.toml").write_text('metrics_bind = "9650"\n')
+        args += ["--config", str(tmp_path / "node.toml")]
+    p, _ = run_snowfence(*args, env=env, timeout_s=15)
+    assert p.returncode == EX_CONFIG, p.stderr
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "metrics_bind '9650'" in p.stderr and "HOST:PORT" in p.stderr, p.stderr
+    assert not (tmp_path / "ok.sock").exists()
+    assert not [p for p in work.rglob("*") if not p.is_dir() or p.name.startswith("snowfence-")]
+
+
+def test_a_log_level_in_capitals_and_metrics_on_ipv6_loopback(nodes):
+    import re
+
+    from nodes import wait_for
+    from test_operations import get
+
+    node = nodes.start(workers=1, env={"SNOWFENCE_LOG_LEVEL": "DEBUG"}, args=("--metrics-bind", "[::1]:0"))
+    node.wait_ready()
+    m = wait_for(lambda: re.search(r"metrics and health on http://(\[::1\]:\d+)/", node.log()), 10, what="address")
+    wait_for(lambda: get(m.group(1), "/readyz")[0] == 200, 10, what="ready on [::1]")
+    assert "snowfence_ids_total" in get(m.group(1), "/metrics")[1]
+    assert "DEBUG" in node.log() and "event=spawned" in node.log(), node.log_tail()  # debug lines are on
+
+
+def test_reserve_piped_into_decode_and_decode_dash_read_stdin(nodes, tmp_path):
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    snowfence = [sys.executable, "-m", "snowfence"]
+    reserve = subprocess.Popen([*snowfence, "reserve", "5", "--connect", node.endpoint], stdout=subprocess.PIPE)
+    decode = subprocess.run([*snowfence, "decode"], stdin=reserve.stdout, capture_output=True, text=True, timeout=30)
+    reserve.stdout.close()
+    assert reserve.wait(30) == 0 and decode.returncode == 0, decode.stderr
+    lines = decode.stdout.splitlines()
+    assert len(lines) == 5 and all("region=0" in line and "worker=" in line for line in lines), lines
+    ids = [int(line.split()[0]) for line in lines]
+    assert ids == sorted(set(ids))
+    p = subprocess.run([*snowfence, "decode", "-", "--json"], input=f"{ids[0]}\n", capture_output=True, text=True,
+                       timeout=30)  # fmt: skip
+    assert p.returncode == 0 and f'"id":"{ids[0]}"' in p.stdout, p.stderr
+
+
+def test_a_fenced_node_says_fenced_once_and_status_says_etcd_is_down_in_plain_words(nodes, etcd):
+    from nodes import FAST_LEASES, etcd_args, wait_for
+
+    node = nodes.start(workers=1, args=etcd_args(etcd, "test", *FAST_LEASES))
+    node.wait_ready()
+    etcd.pause()
+    try:
+        wait_for(lambda: node.status()["workers"][0]["state"] == "fenced", 10, what="fenced")
+        p, _ = run_snowfence("reserve", "1", "--connect", node.endpoint, "--no-discover", "--timeout", "1")
+        assert p.returncode == 1 and p.stderr.startswith("snowfence: fenced: "), p.stderr
+        assert p.stderr.count("fenced:") == 1 and p.stderr.count("\n") == 1, p.stderr
+        p, _ = run_snowfence("status", *etcd_args(etcd, "test", "--etcd-timeout-s", "0.5"))
+        assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+        assert f"cannot reach etcd at {','.join(etcd.endpoints)}" in p.stderr and "census" not in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
+    finally:
+        etcd.resume()
+
+
+def test_serve_with_an_epoch_in_the_future_is_a_config_error_at_once(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    p, took_s = run_snowfence(
+        "serve", "--epoch", "2030-01-01", "--bind", f"ipc://{tmp_path}/ok.sock", "--state-dir", str(tmp_path / "state"),
+        "--workers", "1", env={"TMPDIR": str(work), "XDG_RUNTIME_DIR": str(work)}, timeout_s=20,
+    )  # fmt: skip
+    assert p.returncode == EX_CONFIG and p.stderr.count("\n") == 1, p.stderr
+    assert "epoch 2030-01-01T00:00:00.000Z is in the future" in p.stderr, p.stderr
+    assert took_s < 10 and not (tmp_path / "ok.sock").exists() and not (tmp_path / "state").exists()
+    assert not [p for p in work.rglob("*") if not p.is_dir() or p.name.startswith("snowfence-")]
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory this process cannot write: a read-only tmpfs as root, mode 0555 otherwise."""
+    path = tmp_path / "ro"
+    if os.geteuid() != 0:
+        path.mkdir()
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    from disk import Tmpfs
+
+    disk = Tmpfs(path, "1m")
+    (path / "state").mkdir()
+    disk.remount("ro")
+    yield path
+    disk.unmount()
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_serve_on_a_read_only_state_dir_refuses_before_it_says_serving(tmp_path, read_only_dir, inside):
+    work = tmp_path / "work"
+    work.mkdir()
+    state = read_only_dir / "state" if inside else read_only_dir / "new"
+    p, took_s = run_snowfence(
+        "serve", "--bind", f"ipc://{tmp_path}/ok.sock", "--state-dir", str(state), "--workers", "1",
+        env={"TMPDIR": str(work), "XDG_RUNTIME_DIR": str(work)}, timeout_s=20,
+    )  # fmt: skip
+    assert p.returncode == 73, p.stderr
+    assert p.stderr.count("\n") == 1 and "serving" not in p.stderr, p.stderr
+    assert f"state directory {state} is not usable" in p.stderr, p.stderr
+    assert took_s < 10 and not (tmp_path / "ok.sock").exists()
+    assert not [p for p in work.rglob("*") if not p.is_dir() or p.name.startswith("snowfence-")]
+
+
+@pytest.mark.parametrize("when", ["measuring", "warming up"])
+def test_ctrl_c_during_bench_exits_130_with_what_was_measured_and_no_traceback(nodes, when):
+    from nodes import group_has_live_members, wait_for
+
+    node = nodes.start(workers=1)
+    node.wait_ready()
+    warmup = "0.2" if when == "measuring" else "60"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snowfence", "bench", "--connect", node.endpoint, "--duration", "60", "--warmup",
+         warmup, "--clients", "2", "--depth", "1", "--batch", "4096"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # Client processes up and sending (the node counts their IDs), then the whole group
+        # gets SIGINT, as from a terminal.
+        wait_for(lambda: node.status()["broker"]["counters"]["requests"] > 50, 30, what="bench sending")
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    if when == "measuring":
+        assert "interrupted after" in out and "unique       yes" in out, out
+        ids_per_s = float(re.search(r"IDs/s\s+([\d,]+)", out).group(1).replace(",", ""))
+        assert ids_per_s > 0, out
+    else:
+        assert not out and err.strip() == "snowfence: interrupted during the warm-up: nothing was measured", err
+    wait_for(lambda: not group_has_live_members(proc.pid), 5, what="the client processes to be gone")

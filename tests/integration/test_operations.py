@@ -15,7 +15,9 @@ import urllib.request
 import pytest
 import zmq
 from nodes import FAST_LEASES, etcd_args, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
+import snowfence
 from snowfence import Client, protocol
 from snowfence.errors import ClockUnsafe, Timeout
 
@@ -203,6 +205,87 @@ def test_too_many_requests_in_flight_on_one_connection_are_overloaded(nodes, raw
         assert sum(b.count for b in c.reserve(100)) == 100
     s.send(protocol.encode_reserve(99, 1))
     assert protocol.decode_reply(s.recv()).type == protocol.BLOCK
+
+
+def scrape(addr: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample of /metrics: (name, its labels) -> value."""
+    code, text = get(addr, "/metrics")
+    assert code == 200
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def latency_counts(addr: str) -> dict[tuple[str, str, str], float]:
+    """count, sum and the first bucket's count of both latency histograms, by kind."""
+    samples = scrape(addr)
+    out = {}
+    for name in ("queued", "mint"):
+        for kind in ("reserve", "reserve_after"):
+            family, labels = f"snowfence_request_{name}_seconds", {("kind", kind)}
+            out[name, kind, "count"] = samples[f"{family}_count", frozenset(labels)]
+            out[name, kind, "sum"] = samples[f"{family}_sum", frozenset(labels)]
+            out[name, kind, "10us"] = samples[f"{family}_bucket", frozenset(labels | {("le", "1e-05")})]
+    return out
+
+
+def test_latency_histograms_count_each_request_by_kind_and_build_and_process_metrics_are_exported(nodes):
+    started_s = time.time()
+    node = nodes.start(workers=1, args=("--metrics-bind", "127.0.0.1:0"))
+    node.wait_ready()
+    addr = health(node)
+    before = latency_counts(addr)  # exported, for both kinds, before any request
+    with node.client() as c:
+        # One ID per request: a request is never cut short at a millisecond's end and asked again.
+        token = [c.reserve(1)[0].first for _ in range(25)][-1]
+        for _ in range(4):
+            token = c.reserve(1, after=token)[0].first
+
+    def grew():
+        now = latency_counts(addr)
+        return now if now["mint", "reserve", "count"] - before["mint", "reserve", "count"] >= 25 else None
+
+    after = wait_for(grew, 5, what="the worker's minting times reported")
+    gained = {key: after[key] - before[key] for key in after}
+    for name in ("queued", "mint"):
+        assert gained[name, "reserve", "count"] == 25 and gained[name, "reserve_after", "count"] == 4, gained
+    # One request at a time: each went to the worker at once, so it waited exactly nothing.
+    assert gained["queued", "reserve", "10us"] == 25 and gained["queued", "reserve", "sum"] == 0
+    assert gained["queued", "reserve_after", "10us"] == 4 and gained["queued", "reserve_after", "sum"] == 0
+    # Minting takes time; here well under a second a request.
+    assert 0 < gained["mint", "reserve", "sum"] < 25 and 0 < gained["mint", "reserve_after", "sum"] < 4
+
+    # A pipeline deeper than the worker's room (one block at a time): requests queue in the broker.
+    with node.client() as c:
+        took_s = time.monotonic()
+        assert sum(b.count for b in c.reserve(100_000)) == 100_000
+        took_s = time.monotonic() - took_s
+
+    def settled():
+        now = latency_counts(addr)
+        minted, sent = now["mint", "reserve", "count"], now["queued", "reserve", "count"]
+        # 100,000 IDs take at least 25 requests of at most 4,096.
+        return now if minted == sent >= after["queued", "reserve", "count"] + 25 else None
+
+    done = wait_for(settled, 5, what="as many minting times as requests sent to the worker")
+    sent = done["queued", "reserve", "count"] - after["queued", "reserve", "count"]
+    waited = sent - (done["queued", "reserve", "10us"] - after["queued", "reserve", "10us"])
+    queued_s = done["queued", "reserve", "sum"] - after["queued", "reserve", "sum"]
+    minted_s = done["mint", "reserve", "sum"] - after["mint", "reserve", "sum"]
+    assert waited > 0 and 0 < queued_s, (sent, waited)
+    # No request waited longer than the client took for all of them, and the one worker,
+    # minting one request at a time, spent less than that on all of them together.
+    assert queued_s < sent * took_s and minted_s < took_s, (queued_s, minted_s, took_s)
+
+    samples = scrape(addr)
+    assert samples["snowfence_build_info", frozenset({("version", snowfence.__version__)})] == 1
+    assert samples["snowfence_node_info", frozenset({("cluster", ""), ("region", "0"), ("mode", "embedded")})] == 1
+    assert samples["process_cpu_seconds_total", frozenset()] > 0
+    assert samples["process_resident_memory_bytes", frozenset()] > 10_000_000
+    assert samples["process_open_fds", frozenset()] > 3
+    assert started_s - 1 <= samples["process_start_time_seconds", frozenset()] <= time.time()
 
 
 def test_the_metrics_endpoint_answers_only_known_paths(nodes):

@@ -18,6 +18,7 @@ from checks import check_blocks, read_pairs
 from conftest import HARNESS
 from nodes import wait_for
 
+import snowfence
 from snowfence import protocol
 from snowfence.errors import BadRequest, ClockUnsafe, ReservationExpired, SnowfenceError, Timeout, Unavailable
 from snowfence.ids import DEFAULT_LAYOUT
@@ -458,7 +459,10 @@ def test_cli_reserve_decode_status(nodes):
     assert len(status["workers"]) == 2
     for w in status["workers"]:
         assert {"worker_id", "state", "pid"} <= set(w) and w["state"] == "ready"
-    assert "ready" in run_cli("status", "--connect", node.endpoint).stdout
+    assert status["version"] == protocol.VERSION and status["software_version"] == snowfence.__version__
+    text = run_cli("status", "--connect", node.endpoint).stdout
+    assert "ready" in text
+    assert f"(snowfence {snowfence.__version__}, protocol {protocol.VERSION})" in text.splitlines()[0]
     bad = run_cli("decode", "not-an-id", check=False)
     assert bad.returncode == 1 and "not a snowfence ID" in bad.stderr
     too_many = run_cli("reserve", "0", "--connect", node.endpoint, check=False)

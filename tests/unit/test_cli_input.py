@@ -11,8 +11,10 @@ would start.
 
 from __future__ import annotations
 
+import io
 import logging
 import string
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -67,16 +69,18 @@ LAYOUT_FLAGS = {
 def command_flags(command: str, tmp) -> tuple[list, dict]:
     """(positional strategies, {flag: value strategy}) for one subcommand."""
     ints = values(["1", "5", "4096", "1000001"], BAD_NUMBERS)
+    retries = {"--retries": values(["0", "3"], BAD_NUMBERS + ["1000001", "2.5"])}
     if command == "reserve":
         flags = {
             **client_flags(tmp),
+            **retries,
             "--format": values(["text", "json", "binary", "blocks"], ["xml", "TEXT"]),
             "--after": values(["0", "1", str(2**63 - 1), "123456789012345678"], BAD_NUMBERS + [str(2**63), "-1"]),
             "--chunk": ints,
         }
         return [ints], flags
     if command == "status":
-        return [], {**client_flags(tmp), **LAYOUT_FLAGS}
+        return [], {**client_flags(tmp), **retries, **LAYOUT_FLAGS}
     if command == "bench":
         flags = {
             **client_flags(tmp),
@@ -155,7 +159,8 @@ def no_broker(monkeypatch):
 def test_any_argv_gets_an_exit_status_and_at_most_one_error_line(command, data, keys, no_broker, capsys):
     argv = data.draw(argv_for(command, keys), label="argv")
     try:
-        status = cli.main(argv)
+        with mock.patch("sys.stdin", io.StringIO("")):  # decode with no IDs reads them from stdin
+            status = cli.main(argv)
     except SystemExit as exc:  # argparse: --help, or a usage error
         status = exc.code
     out, err = capsys.readouterr()
@@ -182,6 +187,8 @@ def test_any_argv_gets_an_exit_status_and_at_most_one_error_line(command, data, 
         (["status", "--client-key", "nosuch.key_secret", "--server-key", "Z" * 40], "nosuch.key_secret"),
         (["serve", "--bind", "garbage"], "garbage"),
         (["reserve", "1", "--timeout", "nan"], "--timeout"),
+        (["reserve", "1", "--retries", "-1"], "--retries"),
+        (["status", "--retries", "many"], "--retries"),
     ],
 )
 def test_the_reported_cases_exit_78_naming_what_is_wrong(argv, needle, no_broker, capsys):
@@ -192,3 +199,82 @@ def test_the_reported_cases_exit_78_naming_what_is_wrong(argv, needle, no_broker
     err = capsys.readouterr().err
     assert status == 78 and needle in err and len(err.strip().splitlines()) == 1, (status, err)
     assert not no_broker  # serve stopped before starting anything
+
+
+def run_cli(argv, capsys, stdin=None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+    try:
+        status = cli.main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_snowfence_alone_prints_the_help(capsys):
+    status, out, err = run_cli([], capsys)
+    assert status == 0 and not err
+    assert out.startswith("usage: snowfence") and all(c in out for c in ("serve", "reserve", "decode", "check-config"))
+
+
+IDS = [121057962826403840, 121057962826403841, 121057962830598144]
+
+
+@pytest.mark.parametrize(
+    "argv, stdin",
+    [
+        (["decode"], "".join(f"{i}\n" for i in IDS)),  # what `snowfence reserve 3` prints
+        (["decode", "-"], f"  {IDS[0]} {IDS[1]}\n\n{IDS[2]}"),
+        (["decode", "-", "--json"], "[" + ",".join(f'"{i}"' for i in IDS) + "]\n"),  # `reserve 3 --json`
+        (["decode", str(IDS[0]), "-"], f"{IDS[1]}\n{IDS[2]}\n"),
+    ],
+)
+def test_decode_reads_ids_from_stdin(argv, stdin, capsys, monkeypatch):
+    status, out, err = run_cli(argv, capsys, stdin, monkeypatch)
+    assert status == 0 and not err, err
+    lines = out.splitlines()
+    assert [line.split()[0] if "--json" not in argv else line.split('"')[3] for line in lines] == list(map(str, IDS))
+
+
+def test_decode_with_nothing_to_read_says_so(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)
+    status, out, err = run_cli(["decode"], capsys)
+    assert status == 78 and "give IDs" in err and err.count("\n") == 1, err
+
+
+def test_decode_from_stdin_names_what_is_not_an_id_and_goes_on(capsys, monkeypatch):
+    status, out, err = run_cli(["decode"], capsys, f"{IDS[0]}\nhello\n{IDS[1]}\n", monkeypatch)
+    assert status == 1 and len(out.splitlines()) == 2 and err.strip() == "snowfence: 'hello' is not a snowfence ID"
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["reserve", "99999999999999999999999"], "at most 9,223,372,036,854,775,807"),
+        (["reserve", str(2**63)], "at most"),
+        (["bench", "--rate", "0"], "--rate"),
+        (["bench", "--rate", "-1"], "--rate"),
+    ],
+)
+def test_counts_and_rates_out_of_bounds_are_refused(argv, needle, capsys):
+    status, out, err = run_cli(argv, capsys)
+    assert status == 78 and needle in err and err.count("\n") == 1, (status, err)
+
+
+def test_keygen_refuses_to_replace_a_key_pair_without_force(tmp_path, capsys):
+    assert run_cli(["keygen", "server", "--dir", str(tmp_path)], capsys)[0] == 0
+    public, secret = tmp_path / "server.key", tmp_path / "server.key_secret"
+    before = (public.read_bytes(), secret.read_bytes())
+    assert oct(secret.stat().st_mode & 0o777) == "0o600"
+    status, out, err = run_cli(["keygen", "server", "--dir", str(tmp_path)], capsys)
+    assert status == 73 and "--force" in err and str(public) in err and err.count("\n") == 1, (status, err)
+    assert (public.read_bytes(), secret.read_bytes()) == before, "nothing changed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["server.key", "server.key_secret"]
+    secret.unlink()  # half a pair is still a pair someone may rely on
+    status, _, err = run_cli(["keygen", "server", "--dir", str(tmp_path)], capsys)
+    assert status == 73 and public.read_bytes() == before[0] and not secret.exists(), err
+    status, out, _ = run_cli(["keygen", "server", "--dir", str(tmp_path), "--force"], capsys)
+    assert status == 0 and public.read_bytes() != before[0] and secret.exists()
+    assert oct(secret.stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["server.key", "server.key_secret"]

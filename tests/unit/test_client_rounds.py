@@ -164,20 +164,20 @@ def test_status_is_asked_again_up_to_the_retries_then_times_out_naming_the_endpo
     s = StatusRound(c)
     for _ in range(2):
         s.request(0)
-        s.on_lost()
+        s.on_lost(0)
     s.request(0)
     with pytest.raises(Timeout, match="no status reply from tcp://127.0.0.1:5555"):
-        s.on_lost()
+        s.on_lost(0)
 
 
 def test_status_from_nowhere_gives_up_after_one_timeout_per_endpoint():
     c = client(endpoints=("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"), retries=5)
     s = StatusRound(c)
     s.request(0)
-    s.on_lost()
+    s.on_lost(0)
     s.request(0)
     with pytest.raises(Timeout, match="no endpoint ever replied"):
-        s.on_lost()
+        s.on_lost(0)
 
 
 def test_status_returns_the_reply_or_raises_its_error():
@@ -225,3 +225,88 @@ def test_prefetch_without_an_age_limit_keeps_every_block():
 def test_prefetch_settings_out_of_range_are_refused(batch, depth):
     with pytest.raises(ValueError):
         PrefetchDepth(batch, depth, 1.0)
+
+
+# -- failover ------------------------------------------------------------------------------
+
+
+A, B = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2"
+
+
+def test_a_timeout_with_another_endpoint_to_go_to_uses_up_no_retry():
+    c = client(endpoints=(A, B), retries=0)
+    c._core.heard = True
+    r = ReserveRound(c, ReserveJob(2, retries=0))
+    r.requests(0)
+    assert r.settle(1 * S) == (True, 0.0)  # A timed out: on to B, however few retries
+    assert r.job.attempts == 0 and r.job.failovers == 1
+    c._forget_connection(rotate=True)
+    assert c.endpoint == B
+    [(p, _)] = r.requests(1 * S)
+    grant(c, r, p)
+    assert r.done and r.settle(1 * S) == (False, 0.0)
+
+
+def test_a_call_that_found_every_endpoint_unresponsive_counts_its_retries_and_says_how_long_it_waited():
+    c = client(endpoints=(A, B), retries=1)
+    c._core.heard = True
+    r = ReserveRound(c, ReserveJob(4, chunk=2, window=2, retries=1), started_ns=0)
+    (p, _), _ = r.requests(0)
+    grant(c, r, p, first=1 << 41)
+    r.settle(S // 2)  # a reply at 0.5 s; the other request is still out
+    for now in (1, 2):  # A (free: B is left), then B (counted)
+        assert r.settle(now * S)[0]
+        c._forget_connection(rotate=True)
+        r.requests(now * S)
+    assert r.job.attempts == 1 and r.job.failovers == 1
+    with pytest.raises(Timeout) as caught:
+        r.settle(3 * S)  # A again: past the retries
+    assert str(caught.value) == (
+        f"no reply from {A} within 1.0 s (the timeout of each attempt); gave up after 3 failed attempts,"
+        " 2.5 s without a reply"
+    )
+
+
+def test_a_late_reply_from_the_endpoint_given_up_on_never_answers_a_newer_request():
+    c = client(endpoints=(A, B))
+    c._core.heard = True
+    r = ReserveRound(c, ReserveJob(5, chunk=5, window=1))
+    [(old, _)] = r.requests(0)
+    assert r.settle(1 * S)[0]
+    c._forget_connection(rotate=True)
+    [(new, _)] = r.requests(1 * S)
+    assert new.request_id != old.request_id
+    # The frozen node wakes up and answers the request the client gave up on, with a block
+    # of the same size: it matches nothing (the blocking client has closed that socket anyway).
+    assert c._core.match(protocol.encode_block(old.request_id, 1 << 40, 5)) is None
+    assert r.waiting == {new.request_id: new} and r.job.granted == 0
+    grant(c, r, new, first=1 << 41)
+    assert r.job.result()[0].first == 1 << 41
+
+
+def test_status_fails_over_without_using_a_retry_and_gives_up_saying_how_long_it_waited():
+    c = client(endpoints=(A, B), retries=0)
+    c._core.heard = True
+    s = StatusRound(c, started_ns=0)
+    s.request(0)
+    c._forget_connection(rotate=True)
+    s.on_lost(1 * S)  # A: free, B is left
+    assert s.attempts == 0 and c.endpoint == B
+    s.request(1 * S)
+    c._forget_connection(rotate=True)
+    with pytest.raises(Timeout, match=rf"no status reply from {B} within 1.0 s .*2 failed attempts, 2.0 s without"):
+        s.on_lost(2 * S)
+
+
+def test_discovery_waits_for_a_first_reply_and_takes_the_answer_or_nothing():
+    c = client(endpoints=(A,))
+    assert c._discovery(0) is None  # nobody has answered yet: a call says so first
+    c._core.heard = True
+    pending, _ = c._discovery(0)
+    assert pending.kind == protocol.NODES and pending.deadline_ns == 1 * S
+    assert c._discovery(1) is None  # asked: not again for a while
+    assert c._discovered(None) is None  # no answer in time
+    _, reply = c._core.match(
+        protocol.encode_nodes_reply(pending.request_id, {"nodes": [{"endpoints": [B], "in_rotation": True}]})
+    )
+    assert c._discovered(reply) == B and c.endpoints == [B, A]

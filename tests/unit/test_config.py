@@ -90,3 +90,74 @@ def test_every_field_has_a_serve_flag_and_an_env_var():
 def test_secrets_are_masked_in_public_view():
     c = cfg.load(flags={"etcd_user": "u", "etcd_password": "hunter2"}, env={})
     assert c.public()["etcd_password"] == "***"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+        ("[::1]:9650", ("::1", 9650)),
+        ("localhost:0", ("localhost", 0)),
+        (":9464", ("", 9464)),
+    ],
+)
+def test_metrics_bind_takes_a_host_and_a_port_ipv6_in_brackets(text, expected):
+    assert cfg.host_port(text) == expected
+    assert cfg.load(flags={"metrics_bind": text}, env={}).metrics_bind == text
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("9650", "HOST:PORT"),
+        ("[::1]", "HOST:PORT"),
+        ("::1:9650", "brackets"),
+        ("[::1:9650", "brackets"),
+        ("[nohost]:9650", "IPv6"),
+        ("127.0.0.1:99999", "port"),
+        ("127.0.0.1:", "port"),
+        ("127.0.0.1:x", "port"),
+        ("127.0.0.1:٣", "port"),
+    ],
+)
+def test_a_metrics_bind_without_a_usable_host_and_port_is_a_config_error(text, words, tmp_path):
+    toml = tmp_path / "node.toml"
+    toml.write_text(f'metrics_bind = "{text}"\n')
+    for how in ({"flags": {"metrics_bind": text}, "env": {}}, {"env": {"SNOWFENCE_METRICS_BIND": text}},
+                {"env": {}, "config_file": toml}):  # fmt: skip
+        with pytest.raises(ConfigError) as info:
+            cfg.load(**how)
+        assert "metrics_bind" in str(info.value) and words in str(info.value), (how, str(info.value))
+        assert text in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name, given, kept",
+    [("log_level", "DEBUG", "debug"), ("log_level", "Warning", "warning"), ("log_format", "JSON", "json"),
+     ("clock_policy", "HLC", "hlc")],
+)  # fmt: skip
+def test_word_settings_are_case_insensitive(name, given, kept):
+    assert getattr(cfg.load(env={cfg.env_name(name): given}), name) == kept
+
+
+def test_resolve_says_where_each_setting_came_from(tmp_path):
+    toml = tmp_path / "node.toml"
+    toml.write_text("region = 1\nworkers = 3\n")
+    env = {"SNOWFENCE_WORKERS": "4", "SNOWFENCE_CONFIG": str(toml), "SNOWFENCE_CLUSTER": "prod"}
+    config, sources = cfg.resolve(flags={"cluster": "test"}, env=env)
+    assert (config.region, config.workers, config.cluster) == (1, 4, "test")
+    assert sources["region"] == ("file", str(toml))
+    assert sources["workers"] == ("env", "SNOWFENCE_WORKERS")
+    assert sources["cluster"] == ("flag", "--cluster")
+    assert sources["bind"] == ("default", None)
+    assert set(sources) == set(cfg.FIELDS)
+
+
+def test_an_epoch_in_the_future_is_valid_config_serve_refuses_it_where_it_starts():
+    # Workers re-validate the config under a clock that may have stepped since the broker started.
+    from snowfence.broker import preflight
+
+    config = cfg.load(flags={"epoch": "2030-01-01T00:00:00Z"}, env={})
+    with pytest.raises(ConfigError, match="2030-01-01T00:00:00.000Z is in the future"):
+        preflight.check_epoch(config)
+    preflight.check_epoch(config, now_ms=config.layout.epoch_ms)  # from the epoch on, it is fine

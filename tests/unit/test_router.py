@@ -5,12 +5,13 @@ router's crank (on_frontend, on_backend, tick) itself."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import orjson
 import pytest
 import zmq
 
-from snowfence import protocol
+from snowfence import latency, protocol
 from snowfence.broker.fair import MIN_COST_IDS, QUANTUM, Conn, FairQueue
 from snowfence.broker.router import Router
 from snowfence.config import Config
@@ -491,3 +492,56 @@ def test_a_worker_silent_while_its_process_lives_keeps_what_it_owes_and_its_late
     for work in fresh:
         r.answer(w, work)
     assert conn.inflight == 0 and not r.router.links[b"w0"].sent
+
+
+# -- how long requests wait for a worker --------------------------------------------------
+
+
+def test_a_request_sent_to_a_worker_at_once_counts_as_having_waited_nothing(rig):
+    r = rig()
+    w, c = r.worker(0), r.client()
+    r.ask(c, 1, n=3)
+    assert len(r.work(w)) == 3
+    plain, after = r.router.queued_ns
+    assert plain.counts[0] == 3 and plain.count == 3 and plain.sum_ns == 0
+    assert after.count == 0
+
+
+def test_a_request_that_waits_for_room_is_timed_until_it_is_sent_to_a_worker(rig):
+    r = rig(worker_credits=1)
+    w, c = r.worker(0), r.client()
+    r.ask(c, 1, n=2)
+    [first] = r.work(w)
+    assert len(r.router.fair) == 1
+    time.sleep(0.03)
+    r.answer(w, first)
+    assert len(r.work(w)) == 1  # the second, sent once the first was answered
+    plain = r.router.queued_ns[0]
+    assert plain.count == 2 and plain.counts[0] == 1  # the first waited for nothing
+    assert 0.03e9 <= plain.sum_ns < 5e9
+    waited = next(i for i, n in enumerate(plain.counts) if i and n)
+    assert latency.BOUNDS_NS[waited - 1] < plain.sum_ns <= latency.BOUNDS_NS[waited]
+
+
+def test_requests_with_a_causal_token_are_timed_as_their_own_kind(rig):
+    r = rig(worker_credits=1)
+    w, c = r.worker(0), r.client()
+    c.send(protocol.encode_reserve(next(r.rids), 1, after=1 << 40))
+    c.send(protocol.encode_reserve(next(r.rids), 1, after=1 << 40))
+    r.pump()
+    [(meta, addr, body)] = r.work(w)
+    w.send(protocol.encode_reply(meta, addr, protocol.encode_block(protocol.request_id_of(body), 1 << 41, 1)))
+    r.pump()
+    assert len(r.work(w)) == 1
+    plain, after = r.router.queued_ns
+    assert plain.count == 0 and after.count == 2 and after.counts[0] == 1 and after.sum_ns > 0
+
+
+def test_a_request_answered_without_a_worker_is_not_timed(rig):
+    r = rig(worker_credits=1)
+    w, c = r.worker(0), r.client()
+    r.ask(c, 1, n=3)
+    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": False, "credits": 1, "reason": "fenced"}))
+    r.pump()
+    assert [rep.error.code for rep in r.replies(c)] == ["unavailable", "unavailable"]
+    assert r.router.queued_ns[0].count == 1  # only the one sent to the worker

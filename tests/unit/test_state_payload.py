@@ -31,10 +31,12 @@ def test_a_full_payload_round_trips_and_keeps_the_stores_own_fields():
         "kernel_clock": {"synchronized": True, "max_error_s": 0.1, "est_error_s": 0.01, "state": 0},
         "clock_ahead_ms": 1.5,
         "passed_over": [{"worker_id": 3, "reason": "its mark is unreadable"}],
+        "mint_ns": {"le": [10, 20], "kinds": {"reserve": {"counts": [1, 0, 2], "sum_ns": 95}}},
     }
     state = protocol.decode_state(protocol.encode_state(sent))
     assert state.pid == 4242 and state.ready_ids == 3 and state.clock_ahead_ms == 1.5
     assert state.passed_over == [{"worker_id": 3, "reason": "its mark is unreadable"}]
+    assert state.mint_ns == sent["mint_ns"]
     [held] = state.held
     assert isinstance(held, HeldState) and held.worker_id == 7 and held.fence_in_s == 2.5
     assert held.extra == {"store": "etcd", "lease_id": "1f"}
@@ -69,6 +71,12 @@ def test_a_full_payload_round_trips_and_keeps_the_stores_own_fields():
         b'{"clock_ahead_ms": "1"}',
         b'{"passed_over": {"3": "x"}}',
         b'{"passed_over": [{"reason": "x"}]}',
+        b'{"mint_ns": []}',
+        b'{"mint_ns": {"le": [1], "kinds": []}}',
+        b'{"mint_ns": {"le": [1], "kinds": {"reserve": {"counts": [1], "sum_ns": 1}}}}',
+        b'{"mint_ns": {"le": [1], "kinds": {"reserve": {"counts": [1, 0], "sum_ns": true}}}}',
+        b'{"mint_ns": {"le": [1], "kinds": {"reserve": {"counts": [1, "0"], "sum_ns": 1}}}}',
+        b'{"mint_ns": {"kinds": {}}}',
     ],
 )
 def test_a_malformed_payload_is_one_bad_state_error(payload):
@@ -102,6 +110,10 @@ def test_a_malformed_payload_is_one_bad_state_error(payload):
             "STATE field 'step_back_ms' is not a histogram (le, counts, sum_ms)",
         ),
         (b'{"passed_over": [{"reason": "x"}]}', "STATE field 'passed_over' is not a list of objects with a worker_id"),
+        (
+            b'{"mint_ns": {"le": [1], "kinds": {"reserve": {"counts": [1], "sum_ns": 1}}}}',
+            "STATE field 'mint_ns' is not histograms by kind (le, kinds: counts, sum_ns)",
+        ),
     ],
 )
 def test_a_malformed_payload_says_what_is_wrong_with_it(payload, message):

@@ -26,7 +26,7 @@ def test_the_most_telling_state_decides_the_refusal(seen, error):
 
 
 def test_each_refusal_says_what_it_is_waiting_for():
-    assert str(refusal_for([states.FENCED])) == "fenced: lease renewals are failing"
+    assert str(refusal_for([states.FENCED])) == "lease renewals are failing"
     assert str(refusal_for([states.CLOCK_UNSAFE])) == "the wall clock cannot be trusted"
     assert str(refusal_for([states.RESERVING])) == "waiting for the reservation to be extended"
     assert str(refusal_for([states.WAITING])) == "no worker is ready"
@@ -35,7 +35,7 @@ def test_each_refusal_says_what_it_is_waiting_for():
 def test_reasons_are_appended_once_each_in_order_and_blank_ones_dropped():
     err = refusal_for([states.WAITING], ["the broker is draining", "", "lease lost: TTL 0", "the broker is draining"])
     assert str(err) == "no worker is ready (lease lost: TTL 0; the broker is draining)"
-    assert str(refusal_for([states.FENCED], [""])) == "fenced: lease renewals are failing"
+    assert str(refusal_for([states.FENCED], [""])) == "lease renewals are failing"
 
 
 def test_state_names_are_the_ones_on_the_wire():

@@ -258,7 +258,7 @@ def test_signals_only_queue_until_the_loop_dispatches_them(rig):
     assert all(p.signals == [signal.SIGTERM] for p in r.spawned)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_stop_signal_drains_the_workers_and_ends_with_status_zero(rig, sig):
     r = rig(obeys_sigterm=False, shutdown_timeout_s=4.0)
     r.sup.enqueue(sig)

@@ -163,6 +163,22 @@ class HandshakeWatch:
         self._thread.join(2)
 
 
+def load_server_key(path: str) -> tuple[bytes, bytes]:
+    """The (public, secret) key pair of the server certificate at ``path``; ConfigError names what is wrong."""
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the CURVE key {path}: {exc}") from None
+    if secret is None:
+        raise ConfigError(f"{path} holds no secret key; give the .key_secret file")
+    return public, secret
+
+
+def check_allow_list(path: str) -> None:
+    if not os.path.isdir(path):
+        raise ConfigError(f"curve_allow {path} is not a directory")
+
+
 class CurveServer:
     """The broker's CURVE settings, read once (``ConfigError`` for a bad key file or
     allow-list), and what they set up; :meth:`close` stops what was started."""
@@ -175,17 +191,10 @@ class CurveServer:
         self.gatekeeper: Gatekeeper | None = None
         self.handshakes: HandshakeWatch | None = None
         if config.curve_secret_key:
-            try:
-                public, secret = zmq.auth.load_certificate(config.curve_secret_key)
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"cannot read the CURVE key {config.curve_secret_key}: {exc}") from None
-            if secret is None:
-                raise ConfigError(f"{config.curve_secret_key} holds no secret key; give the .key_secret file")
-            self.public, self.secret = public, secret
+            self.public, self.secret = load_server_key(config.curve_secret_key)
         if config.curve_allow:
             # ZAP handler: only clients whose public keys are in the directory get in.
-            if not os.path.isdir(config.curve_allow):
-                raise ConfigError(f"curve_allow {config.curve_allow} is not a directory")
+            check_allow_list(config.curve_allow)
             self.gatekeeper = Gatekeeper(ctx, config.curve_allow, denials)
             self.gatekeeper.start()
 

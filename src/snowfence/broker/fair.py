@@ -43,8 +43,9 @@ class Conn:
         self.inflight = 0
         #: IDs those requests ask for.
         self.ids = 0
-        #: Requests waiting for a worker: (meta, body, count).
-        self.queue: deque[tuple[int, bytes, int]] = deque()
+        #: Requests waiting for a worker: (meta, body, count, ...); the router may add
+        #: fields of its own after the count (when it queued the request).
+        self.queue: deque[tuple] = deque()
         #: IDs it may still send in its turn (deficit round robin).
         self.deficit = 0
         #: Whether its turn has begun (it was given its quantum).
@@ -86,7 +87,7 @@ class FairQueue:
     def __len__(self) -> int:
         return self.waiting
 
-    def push(self, conn: Conn, item: tuple[int, bytes, int], front: bool = False) -> None:
+    def push(self, conn: Conn, item: tuple, front: bool = False) -> None:
         """Queue a request; ``front`` for one that was already its connection's turn (a retry)."""
         if not conn.listed:
             conn.listed = True
@@ -99,9 +100,10 @@ class FairQueue:
             conn.queue.append(item)
         self.waiting += 1
 
-    def serve(self, place: Callable[[Conn, int, bytes, int], bool]) -> None:
-        """Hand waiting requests to ``place(conn, meta, body, count)`` in fair order
-        until it returns False (no worker has room for that request)."""
+    def serve(self, place: Callable[..., bool]) -> None:
+        """Hand waiting requests to ``place(conn, meta, body, count, ...)`` (the
+        fields of the item pushed) in fair order until it returns False (no worker
+        has room for that request)."""
         new, old = self.new, self.old
         while self.waiting:
             line = new if new else old
@@ -121,7 +123,8 @@ class FairQueue:
             if not conn.turn:
                 conn.deficit += self.quantum
                 conn.turn = True
-            meta, body, count = conn.queue[0]
+            item = conn.queue[0]
+            count = item[2]
             c = count if count > MIN_COST_IDS else MIN_COST_IDS
             if conn.deficit < c:
                 # Its turn is used up; what is left of its credit carries over.
@@ -129,19 +132,18 @@ class FairQueue:
                 conn.turn = False
                 old.append(conn)
                 continue
-            if not place(conn, meta, body, count):
+            if not place(conn, *item):
                 return
             conn.queue.popleft()
             conn.deficit -= c
             self.waiting -= 1
 
-    def drain(self) -> list[tuple[Conn, int, bytes, int]]:
-        """Take every waiting request out, in queue order per connection."""
+    def drain(self) -> list[tuple]:
+        """Take every waiting request out, in queue order per connection: ``(conn, *item)``."""
         out = []
         for conn in (*self.new, *self.old):
             while conn.queue:
-                meta, body, count = conn.queue.popleft()
-                out.append((conn, meta, body, count))
+                out.append((conn, *conn.queue.popleft()))
             conn.deficit = 0
             conn.turn = False
             conn.listed = False

@@ -27,10 +27,11 @@ from .. import protocol
 from ..config import Config
 from ..errors import ConfigError
 from ..logs import event
-from . import rundir
+from . import preflight, rundir
 from .auth import CurveServer
 from .membership import Membership, advertised_endpoints, base_entry, node_name
 from .metrics import HealthServer, Metrics
+from .notify import Notifier
 from .peers import PeerClocks
 from .router import Router
 from .supervisor import SIGNALS, Supervisor
@@ -60,7 +61,7 @@ class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.rundir = ""
-        self.metrics = Metrics()
+        self.metrics = Metrics(config)
         self.router: Router | None = None
         self.curve: CurveServer | None = None
         self.health: HealthServer | None = None
@@ -69,6 +70,7 @@ class Node:
         #: This node's entry in the cluster's membership: what does not change while it runs.
         self.entry: dict = {}
         self._next_membership_ns = 0
+        self.notifier: Notifier | None = None
         self.supervisor = Supervisor(config, self._spawn, on_stop=self._on_stop, on_exit=self._on_exit)
 
     @property
@@ -79,6 +81,8 @@ class Node:
         return spawn_worker(self.config, slot, self.backend)
 
     def _on_stop(self) -> None:
+        if self.notifier is not None:
+            self.notifier.notify(STOPPING="1", STATUS=f"stopping: {self.supervisor.stop_reason}")
         if self.router is not None:
             self.router.stop_accepting()
             self.router.broadcast(protocol.STOP_FRAME)
@@ -89,6 +93,13 @@ class Node:
 
     def run(self) -> int:
         sup = self.supervisor
+        preflight.check(self.config)
+        for name, message in preflight.warnings(self.config):
+            event(log, name, message, level=logging.WARNING)
+        # Read (and taken out of the environment) before any worker is spawned.
+        self.notifier = Notifier()
+        # A node started under nohup was asked to outlive its terminal: SIGHUP stays ignored.
+        handled = [s for s in SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
         self.rundir = rundir.create(self.config.state_dir)
         ctx = zmq.Context()
         wake_r, wake_w = socket.socketpair()
@@ -127,7 +138,7 @@ class Node:
             self.entry = base_entry(self.config, name, endpoints, self.health.address if self.health else None)
             self.router.describe_nodes = self.nodes
             signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-            for sig in SIGNALS:
+            for sig in handled:
                 signal.signal(sig, sup.enqueue)
             if not self.config.embedded:
                 self.membership = Membership(self.config, name, self.own_entry())
@@ -154,10 +165,13 @@ class Node:
             sup.start()
             if self.membership is not None:
                 self.membership.start()
+            # Bound and supervising: alive, whether or not a worker ID can be had yet
+            # (a standby node, or one waiting out a mark, must not be killed for it).
+            self.notifier.notify(READY="1", STATUS=f"serving on {self.router.endpoint()} ({mode})")
             self.loop(wake_r)
         finally:
             signal.set_wakeup_fd(-1)
-            for sig in SIGNALS:
+            for sig in handled:
                 signal.signal(sig, signal.SIG_DFL)
             sup.kill_all(signal.SIGKILL)
             if self.membership is not None:

@@ -2,10 +2,13 @@
 
 Workers report monotonic counts in every STATE frame; the broker adds up the
 increments, so its counters keep rising across worker restarts (a new worker
-process starts from zero under a new identity). Gauges come from the latest
-STATE of each worker. The broker's loop builds a snapshot every
-``SNAPSHOT_INTERVAL_NS``; the HTTP thread only ever reads the latest one, so it
-never touches state the loop is changing.
+process starts from zero under a new identity). The same goes for the minting
+time histograms; the queueing time histograms are the router's own. Gauges
+come from the latest STATE of each worker. The broker's loop builds a snapshot
+every ``SNAPSHOT_INTERVAL_NS``; the HTTP thread only ever reads the latest one,
+so it never touches state the loop is changing. ``process_*`` (the standard
+process collector) describe the broker's own process, read from /proc at each
+scrape.
 
     /metrics   Prometheus text format
     /livez     200 while the broker's loop is turning
@@ -15,15 +18,18 @@ never touches state the loop is changing.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from .. import __version__, latency
 from ..clock import read_kernel_clock
+from ..config import Config, host_port
 from ..protocol import WorkerState
 from .auth import Denials
 
@@ -38,13 +44,18 @@ STATES = ("claiming", "waiting", "ready", "fenced", "clock_unsafe", "reserving",
 class Metrics:
     """Totals over all worker processes, and the latest snapshot for the HTTP thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: Config | None = None) -> None:
         self.totals: Counter = Counter()
         self.step_back_counts: list[int] = []
         self.step_back_le: list[int] = []
         self.step_back_sum_ms = 0
+        #: Minting times over all worker processes, by kind (as latency.KINDS).
+        self.mint_ns = latency.by_kind()
         self._last: dict[bytes, dict] = {}
         self._last_hist: dict[bytes, dict] = {}
+        self._last_mint: dict[bytes, dict] = {}
+        #: What does not change while the node runs: its version, cluster, region, mode.
+        self.info = _info_families(config)
         self.families: list = []
         self.ready_reason = "starting"
         self.ready = False
@@ -73,10 +84,21 @@ class Metrics:
                 self.step_back_counts[i] += max(0, now - then)
             self.step_back_sum_ms += max(0, hist["sum_ms"] - before["sum_ms"])
             self._last_hist[ident] = hist
+        mint = status.mint_ns
+        # Bounds of another version (a worker started from upgraded files) would add
+        # counts to the wrong buckets: such a worker's times are left out.
+        if mint and mint["le"] == _BOUNDS:
+            before = self._last_mint.get(ident, {})
+            for kind, total in zip(latency.KINDS, self.mint_ns, strict=True):
+                now = mint["kinds"].get(kind)
+                if now is not None:
+                    total.add_increase(now, before.get(kind))
+            self._last_mint[ident] = mint["kinds"]
 
     def forget(self, ident: bytes) -> None:
         self._last.pop(ident, None)
         self._last_hist.pop(ident, None)
+        self._last_mint.pop(ident, None)
 
     def maybe_snapshot(self, now_ns: int, router, restarts: int, kills: int = 0) -> None:
         if now_ns < self._next_ns:
@@ -129,6 +151,21 @@ class Metrics:
                     sum_value=self.step_back_sum_ms / 1000,
                 )
             )
+        fams.append(
+            _by_kind(
+                "snowfence_request_queued_seconds",
+                "Time a request waited in the broker for a worker with room (0 if one had room at once).",
+                router.queued_ns,
+            )
+        )
+        fams.append(
+            _by_kind(
+                "snowfence_request_mint_seconds",
+                "Time a worker took over a request, from taking it to handing back the answer.",
+                self.mint_ns,
+            )
+        )
+        fams.extend(self.info)
         counter("snowfence_fence_events", "Times a worker ID became fenced.", t["fenced_events"])
         counter(
             "snowfence_clock_unsafe_events", "Times a worker ID left rotation for its clock.", t["clock_unsafe_events"]
@@ -238,6 +275,34 @@ class Metrics:
         return fams
 
 
+_BOUNDS = list(latency.BOUNDS_NS)
+
+
+def _by_kind(name: str, doc: str, histograms: tuple[latency.Durations, ...]) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=["kind"])
+    for kind, h in zip(latency.KINDS, histograms, strict=True):
+        fam.add_metric([kind], h.buckets(), sum_value=h.sum_ns / 1e9)
+    return fam
+
+
+def _info_families(config: Config | None) -> list:
+    build = GaugeMetricFamily(
+        "snowfence_build_info", "The snowfence version this node runs (always 1).", labels=["version"]
+    )
+    build.add_metric([__version__], 1)
+    if config is None:
+        return [build]
+    node = GaugeMetricFamily(
+        "snowfence_node_info",
+        "This node's cluster (etcd mode only), region and mode (always 1).",
+        labels=["cluster", "region", "mode"],
+    )
+    node.add_metric(
+        ["" if config.embedded else config.cluster, str(config.region), "embedded" if config.embedded else "etcd"], 1
+    )
+    return [build, node]
+
+
 class _Collector:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -246,13 +311,18 @@ class _Collector:
         yield from self.metrics.families
 
 
+class _HTTPServer6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 class HealthServer:
     """Serves /metrics, /livez and /readyz from a daemon thread."""
 
     def __init__(self, bind: str, metrics: Metrics) -> None:
-        host, port = bind.rsplit(":", 1)
+        host, port = host_port(bind)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(metrics))
+        ProcessCollector(registry=registry)  # the standard process_* of the broker's process
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
@@ -278,14 +348,15 @@ class HealthServer:
             def log_message(self, fmt, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((host, int(port)), Handler)
+        server = _HTTPServer6 if ":" in host else ThreadingHTTPServer
+        self.server = server((host, port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True)
 
     @property
     def address(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"{host}:{port}"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def start(self) -> None:
         self.thread.start()

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import zmq
 import zmq.backend
 
-from .. import protocol
+from .. import __version__, latency, protocol
 from ..config import Config
 from ..errors import BadRequest, ClockUnsafe, ConfigError, Overloaded, SnowfenceError, Unavailable
 from ..logs import event
@@ -77,6 +77,8 @@ _STATE = protocol.STATE
 _split_routed = protocol.split_routed
 _encode_work = protocol.encode_work
 _plain_reserve = protocol.plain_reserve
+_AFTER_SIZE = protocol.RESERVE_AFTER_SIZE
+_mono = time.monotonic_ns
 
 
 class Link:
@@ -215,6 +217,9 @@ class Router:
         self._next_bad_state_log_ns = 0
         self.max_inflight = config.max_inflight_per_client
         self.metrics = metrics
+        #: How long requests waited here for a worker with room, by kind (index: has a
+        #: causal token), one observation each time one is sent to a worker.
+        self.queued_ns = latency.by_kind()
 
     def endpoint(self) -> str:
         return self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -224,11 +229,13 @@ class Router:
     def on_frontend(self) -> None:
         front = self.frontend
         counters = self.counters
+        # Plain RESERVEs sent to a worker at once: they waited 0 s, counted after the batch.
+        at_once = 0
         for _ in range(BATCH):
             try:
                 addr = _recv(front, _NOBLOCK)
             except zmq.Again:
-                return
+                break
             # A ROUTER always delivers at least one frame after the identity.
             frame = _recv(front, 0, False)
             body = frame.bytes
@@ -252,9 +259,12 @@ class Router:
             counters["requests"] += 1
             plain = _plain_reserve(body)
             if plain is not None:
-                self.admit(meta, addr, body, plain[1])
+                if self.admit(meta, addr, body, plain[1]):
+                    at_once += 1
             else:
                 self.slow_request(meta, addr, body)
+        if at_once:
+            self.queued_ns[0].counts[0] += at_once
 
     def slow_request(self, meta: int, addr: bytes, body: bytes) -> None:
         try:
@@ -270,24 +280,28 @@ class Router:
             self.to_client(meta, addr, protocol.encode_time_reply(request.request_id, now, time.time_ns()))
         elif request.type == protocol.NODES:
             self.to_client(meta, addr, protocol.encode_nodes_reply(request.request_id, self.describe_nodes()))
-        else:
-            self.admit(meta, addr, body, request.count)
+        elif self.admit(meta, addr, body, request.count):
+            self.queued_ns[request.after is not None].counts[0] += 1
 
-    def admit(self, meta: int, addr: bytes, body: bytes, count: int) -> None:
-        """Take a new RESERVE of ``count`` IDs: to a worker now, or into its connection's queue."""
+    def admit(self, meta: int, addr: bytes, body: bytes, count: int) -> bool:
+        """Take a new RESERVE of ``count`` IDs: to a worker now, or into its connection's queue.
+
+        True if it went to a worker at once; the caller counts it as having waited
+        0 s, so that the common case reads no clock."""
         conn = self.conns.get(addr)
         if conn is None:
             conn = self.conns[addr] = Conn(addr)
         elif conn.inflight >= self.max_inflight:
             self.overloaded(meta, addr, body, conn)
-            return
+            return False
         conn.inflight += 1
         conn.ids += count
         if not self.fair and self.veto is None and self.accepting:
             link = self.pick(count)
             if link is not None and self.send_work(link, meta, addr, body, count):
-                return
+                return True
         self.place_or_queue(conn, meta, body, count)
+        return False
 
     def place_or_queue(self, conn: Conn, meta: int, body: bytes, count: int, retry: bool = False) -> None:
         """Queue an accepted request, then let the fair queue place what it can."""
@@ -300,7 +314,7 @@ class Router:
             self.counters["unavailable"] += 1
             self.answer_now(meta, conn.addr, body, count, self.why_none_ready())
         else:
-            self.fair.push(conn, (meta, body, count), front=retry)
+            self.fair.push(conn, (meta, body, count, _mono()), front=retry)
             if self._room:
                 self.schedule()
 
@@ -313,18 +327,20 @@ class Router:
             return
         self.fair.serve(self._place)
 
-    def _place(self, conn: Conn, meta: int, body: bytes, count: int) -> bool:
+    def _place(self, conn: Conn, meta: int, body: bytes, count: int, queued_ns: int) -> bool:
         while True:
             link = self.pick(count)
             if link is None:
                 self._room = False  # until a worker answers or changes state
                 return False
             if self.send_work(link, meta, conn.addr, body, count):
+                # Only a RESERVE with a causal token has the longer body.
+                self.queued_ns[len(body) == _AFTER_SIZE].observe(_mono() - queued_ns)
                 return True
 
     def refuse_waiting(self) -> None:
         """No request can be placed now: answer every waiting one, so its client tries elsewhere."""
-        for conn, meta, body, count in self.fair.drain():
+        for conn, meta, body, count, _ in self.fair.drain():
             if not self.accepting:
                 self.counters["unavailable"] += 1
                 err: SnowfenceError = Unavailable("the server is shutting down")
@@ -648,6 +664,7 @@ class Router:
                 workers.append({**h.to_dict(), "state": "silent" if link.silent else h.state, **base})
         return {
             "version": protocol.VERSION,
+            "software_version": __version__,
             "broker": {
                 **self._describe_broker(),
                 "counters": self.counters,

@@ -35,7 +35,7 @@ RESTART_BACKOFF_MAX_S = 30.0
 #: A worker that ran this long before dying starts its back-off from the bottom.
 STABLE_AFTER_S = 10.0
 #: The signals the supervisor handles (the broker's loop installs :meth:`Supervisor.enqueue` for them).
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
 
 #: ``Proc.kill_at_ns`` once SIGKILL has gone out: never again.
@@ -110,6 +110,8 @@ class Supervisor:
         self.procs = [Proc(slot) for slot in range(config.worker_count)]
         self.signals: list[int] = []
         self.stopping = False
+        #: Why the node is stopping (a signal's name, or why it halts), once it is.
+        self.stop_reason = ""
         self.kill_at_ns: int | None = None
         self.exit_code = 0
         self.started_ns = clock()
@@ -146,6 +148,12 @@ class Supervisor:
 
     def handle_sigint(self) -> None:
         self.begin_stop("SIGINT")
+
+    def handle_sighup(self) -> None:
+        # A stop, as SIGTERM: there is nothing a reload could change in place (the
+        # endpoints are bound, the layout is the cluster's), and a terminal that hangs
+        # up on a node run by hand must not leave its worker IDs held.
+        self.begin_stop("SIGHUP")
 
     def handle_sigchld(self) -> None:
         self.reap()
@@ -184,6 +192,7 @@ class Supervisor:
                 self.kill_all(signal.SIGKILL)
             return
         self.stopping = True
+        self.stop_reason = why
         event(log, "stopping", f"{why}: stopping; workers drain and release their worker IDs")
         self.on_stop()
         self.kill_all(signal.SIGTERM)

@@ -24,7 +24,6 @@ from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WINDOW,
-    DISCOVER_TIMEOUT_S,
     Block,
     ClientBase,
     Pending,
@@ -142,8 +141,8 @@ class AsyncClient(ClientBase):
 
     async def _reserve(self, n: int, *, after: int | None = None, chunk: int = protocol.MAX_BLOCK) -> list[Block]:
         job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
+        round_ = ReserveRound(self, job, time.monotonic_ns())
         await self._discover()
-        round_ = ReserveRound(self, job)
         waiting: dict[asyncio.Future, Pending] = {}
         try:
             while not round_.done:
@@ -190,27 +189,24 @@ class AsyncClient(ClientBase):
     async def _discover(self) -> None:
         """Ask for the cluster's nodes when it is time to; moves only while nothing is
         in flight on the socket (other tasks may share it). Never fails the call."""
-        directory = self.directory
         if self._move_to_later is not None and not self._waiters:
             target, self._move_to_later = self._move_to_later, None
             if target in self.endpoints:
                 self._reset(rotate=False)
                 self._move_to(target)
-        now = time.monotonic_ns()
-        if not directory.due(now) or not self._core.heard:
+        ask = self._discovery(time.monotonic_ns())
+        if ask is None:
             return
-        directory.asked(now)
-        pending, frame = self._core.nodes(now + int(min(self.timeout_s, DISCOVER_TIMEOUT_S) * 1e9))
+        pending, frame = ask
         future = await self._ask(pending, frame)
         try:
-            matched = await asyncio.wait_for(future, min(self.timeout_s, DISCOVER_TIMEOUT_S))
+            matched = await asyncio.wait_for(future, max(0.0, (pending.deadline_ns - time.monotonic_ns()) / 1e9))
         except TimeoutError:
+            # As for any request: the endpoint failed, and the socket goes with what is on it.
             self._waiters.pop(pending.request_id, None)
-            self._core.abandon([pending])
+            self._reset()
             return
-        if matched is None or matched[1].nodes is None:
-            return
-        target = self._learned(matched[1].nodes)
+        target = self._discovered(None if matched is None else matched[1])
         if target is None:
             return
         if self._waiters:  # other tasks have requests on this socket: move when they are done
@@ -220,9 +216,9 @@ class AsyncClient(ClientBase):
             self._move_to(target)
 
     async def _ask_json(self, what: str) -> dict:
+        round_ = StatusRound(self, what, time.monotonic_ns())
         if what != "nodes":
             await self._discover()
-        round_ = StatusRound(self, what)
         while True:
             pending, frame = round_.request(time.monotonic_ns())
             future = await self._ask(pending, frame)
@@ -231,10 +227,10 @@ class AsyncClient(ClientBase):
             except TimeoutError:
                 self._waiters.pop(pending.request_id, None)
                 self._reset()
-                round_.on_lost()
+                round_.on_lost(time.monotonic_ns())
                 continue
             if matched is None:  # the socket was reset under it
-                round_.on_lost(timed_out=False)
+                round_.on_lost(time.monotonic_ns(), timed_out=False)
                 continue
             return round_.on_reply(matched[1])
 

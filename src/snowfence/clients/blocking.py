@@ -23,7 +23,6 @@ from .core import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WINDOW,
-    DISCOVER_TIMEOUT_S,
     Block,
     ClientBase,
     Pending,
@@ -37,8 +36,12 @@ from .core import (
 class Client(ClientBase):
     """Reserve IDs from one or more snowfence brokers.
 
-    ``endpoints`` is one ZeroMQ endpoint or a list of them, tried in turn when
-    one stops answering. Safe to share between threads (calls take turns).
+    ``endpoints`` is one ZeroMQ endpoint or a list of them. ``timeout_s`` is the
+    wait for the reply to each attempt, not for the whole call: after a timeout
+    the attempt goes at once to another endpoint (see ``core.Directory``), and
+    a call gives up after ``retries`` failed attempts beyond the first, not
+    counting timeouts that moved it to an endpoint it had not yet found
+    unresponsive. Safe to share between threads (calls take turns).
     While no endpoint has ever replied, a call gives up after one timeout per
     endpoint (no server is there, or the address or CURVE key is wrong);
     ``wait_for_server=True`` keeps retrying instead, for a server still starting.
@@ -88,8 +91,9 @@ class Client(ClientBase):
     def _reserve(self, n: int, *, after: int | None = None, chunk: int = protocol.MAX_BLOCK) -> list[Block]:
         job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
         with self._lock:
+            started_ns = time.monotonic_ns()
             self._discover()
-            self._run(job)
+            self._run(ReserveRound(self, job, started_ns))
         return job.result()
 
     def ids(self, batch: int = protocol.MAX_BLOCK, prefetch: int = 64, max_age_s: float | None = 1.0) -> Iterator[int]:
@@ -120,16 +124,16 @@ class Client(ClientBase):
 
     def _ask_json(self, what: str) -> dict:
         with self._lock:
+            round_ = StatusRound(self, what, time.monotonic_ns())
             if what != "nodes":
                 self._discover()
-            round_ = StatusRound(self, what)
             while True:
                 pending, frame = round_.request(time.monotonic_ns())
                 self._socket().send(frame)
                 reply = self._await(pending)
                 if reply is not None:
                     return round_.on_reply(reply)
-                round_.on_lost()
+                round_.on_lost(time.monotonic_ns())
 
     def close(self) -> None:
         for fetcher in self._prefetchers:
@@ -160,17 +164,12 @@ class Client(ClientBase):
 
     def _discover(self) -> None:
         """Ask the current broker for the cluster's nodes, when it is time to; never fails the call."""
-        directory = self.directory
-        now = time.monotonic_ns()
-        if not directory.due(now) or not self._core.heard:
-            return  # (until a broker has answered once, a call says so rather than wait for NODES)
-        directory.asked(now)
-        pending, frame = self._core.nodes(now + int(min(self.timeout_s, DISCOVER_TIMEOUT_S) * 1e9))
-        self._socket().send(frame)
-        reply = self._await(pending)  # a timeout resets and moves on, as for any request
-        if reply is None or reply.nodes is None:
+        ask = self._discovery(time.monotonic_ns())
+        if ask is None:
             return
-        target = self._learned(reply.nodes)
+        pending, frame = ask
+        self._socket().send(frame)
+        target = self._discovered(self._await(pending))  # a timeout resets and moves on, as for any request
         if target is not None:
             self._reset(rotate=False)
             self._move_to(target)
@@ -194,9 +193,8 @@ class Client(ClientBase):
             if matched is not None and matched[0] is pending:
                 return matched[1]
 
-    def _run(self, job: ReserveJob) -> None:
-        core = self._core
-        round_ = ReserveRound(self, job)
+    def _run(self, round_: ReserveRound) -> None:
+        core, job = self._core, round_.job
         try:
             while not round_.done:
                 sock = self._socket()

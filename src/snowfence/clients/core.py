@@ -4,10 +4,12 @@ Nothing here touches a socket or a clock; the blocking and asyncio clients feed
 it reply bodies and the monotonic time, and do what it says. That keeps the
 rules in one place: how a large reservation is split, what a partial grant
 means, which errors are retried and after what back-off, when a timeout gives
-up, when the connection is reset and the next endpoint tried
-(:class:`ReserveRound`), how often STATUS is asked again (:class:`StatusRound`),
-and how many blocks ``ids()`` keeps in hand (:class:`PrefetchDepth`). The two
-clients differ only in how they wait.
+up, when the connection is reset (:class:`ReserveRound`), how often STATUS is
+asked again (:class:`StatusRound`), which endpoints there are, when to ask the
+cluster for them and which one to go to when the current one fails
+(:class:`Directory`, :meth:`ClientBase._discovery`), and how many blocks
+``ids()`` keeps in hand (:class:`PrefetchDepth`). The two clients differ only
+in how they wait.
 """
 
 from __future__ import annotations
@@ -165,18 +167,28 @@ class Core:
 
 
 class Directory:
-    """The endpoints a client uses: the seeds it was given and, with discovery, the
-    nodes the brokers report in answer to NODES.
+    """The endpoints a client uses, which one it uses now, and where it goes when that
+    one fails: the seeds it was given and, with discovery, the nodes the brokers
+    report in answer to NODES.
 
     The client asks on connect, again after a failure, and every
     ``DISCOVER_EVERY_S``. The endpoints it uses are the nodes in rotation, those
-    of its own ``region`` first when it was told which that is, then the seeds it
-    was given that no answer lists (a seed may be a load balancer, or down for
-    now). Its first answer sends it to a node picked at random among the
-    preferred ones, so clients given the same seed spread over the cluster; a
-    node that appears later is new capacity, and a client moves to it when it
-    learns of it. A node that leaves the answer is left when the client next
-    moves. Without ``discover`` the list is the seeds, tried in turn on failure.
+    of its own ``region`` first when it was told which that is, then the nodes
+    listed but out of rotation (they may be back by the time they are needed),
+    then the seeds it was given that no answer lists (a seed may be a load
+    balancer, or down for now). Its first answer sends it to a node picked at
+    random among the preferred ones, so clients given the same seed spread over
+    the cluster; a node that appears later is new capacity, and a client moves to
+    it when it learns of it. A node that leaves the answer is left when the
+    client next moves. Without ``discover`` the list is the seeds.
+
+    When the current endpoint fails (:meth:`failed`), the client moves to the
+    endpoint that failed longest ago, one that has not failed first, in list
+    order after the failed one. A dead node stays listed until its membership
+    lease lapses, and a node cut off from its clients but not from etcd stays
+    listed for good; so a failure is remembered until that endpoint answers
+    again, and the random picks above avoid an endpoint that failed while
+    another will do.
     """
 
     def __init__(self, seeds: list[str], *, discover: bool, region: int | None, rng: random.Random | None = None):
@@ -184,10 +196,16 @@ class Directory:
         self.discover = discover
         self.region = region
         self.endpoints = list(seeds)
+        #: Where the client sends its requests now.
+        self.current = self.endpoints[0]
         #: The preferred endpoints as of the last answer (own region, or all).
         self.preferred: list[str] = []
-        #: Every endpoint an answer has listed; None before the first answer.
+        #: Every endpoint an answer has listed in rotation; None before the first answer.
         self.seen: set[str] | None = None
+        #: Endpoints that failed and have not answered since, with the order of their
+        #: failures (higher: later).
+        self.failures: dict[str, int] = {}
+        self._failure_count = itertools.count(1)
         self._next_ns = 0
         self._rng = rng or random.Random()
 
@@ -201,8 +219,28 @@ class Directory:
         """Something failed: learn the cluster again at the next chance."""
         self._next_ns = 0
 
-    def learn(self, answer: dict, current: str) -> str | None:
-        """Take a NODES answer; the endpoint to move to, or None to stay on ``current``."""
+    def failed(self) -> str:
+        """The current endpoint let a request time out or refused it: remember that,
+        learn the cluster again at the next chance, and move on. Returns the
+        endpoint moved to (the same one when it is the only one)."""
+        self.on_failure()
+        self.failures[self.current] = next(self._failure_count)
+        eps = self.endpoints
+        start = eps.index(self.current) + 1 if self.current in eps else 0
+        self.current = min(eps[start:] + eps[:start], key=lambda ep: self.failures.get(ep, 0))
+        return self.current
+
+    def answered(self) -> None:
+        """The current endpoint replied: it is no longer one that failed."""
+        if self.failures:
+            self.failures.pop(self.current, None)
+
+    def untried(self, unresponsive: set[str]) -> bool:
+        """Whether an endpoint is known that is not among ``unresponsive``."""
+        return any(ep not in unresponsive for ep in self.endpoints)
+
+    def learn(self, answer: dict) -> str | None:
+        """Take a NODES answer; the endpoint to move to, or None to stay on the current one."""
         nodes = [n for n in answer.get("nodes") or () if isinstance(n, dict)]
         usable = []
         for n in nodes:
@@ -216,18 +254,28 @@ class Directory:
         preferred = [n["endpoints"][0] for n in (mine or serving)]
         others = [n["endpoints"][0] for n in serving if n["endpoints"][0] not in preferred]
         listed = set(preferred) | set(others)
-        self.endpoints = [*preferred, *others, *(s for s in self.seeds if s not in listed)]
+        resting = [ep for ep in dict.fromkeys(n["endpoints"][0] for n in usable) if ep not in listed]
+        known = listed | set(resting)
+        self.endpoints = [*preferred, *others, *resting, *(s for s in self.seeds if s not in known)]
         self.preferred = preferred
+        self.failures = {ep: n for ep, n in self.failures.items() if ep in self.endpoints}
         first, seen = self.seen is None, self.seen or set()
         self.seen = seen | listed
-        if first:
-            return self._rng.choice(preferred)
         new = [ep for ep in preferred if ep not in seen]
-        if new:
-            return self._rng.choice(new)
-        if current not in listed:
-            return self._rng.choice(preferred)  # it left: go on, and not all to the same one
-        return None
+        if first:
+            target = self._pick(preferred)
+        elif new:
+            target = self._pick(new)
+        elif self.current not in listed:
+            target = self._pick(preferred)  # it left: go on, and not all to the same one
+        else:
+            return None
+        return None if target == self.current else target
+
+    def _pick(self, candidates: list[str]) -> str:
+        """One of ``candidates`` at random among those that have not failed, else the one that failed longest ago."""
+        fine = [ep for ep in candidates if ep not in self.failures]
+        return self._rng.choice(fine) if fine else min(candidates, key=self.failures.__getitem__)
 
 
 class ClientBase:
@@ -267,8 +315,8 @@ class ClientBase:
         self.retries = retries
         self.window = window
         self._timeout_ns = int(timeout_s * 1e9)
+        self._discover_timeout_ns = int(min(timeout_s, DISCOVER_TIMEOUT_S) * 1e9)
         self._core = Core()
-        self._endpoint_index = 0
         self.resets = 0
         #: Timeouts in a row while no endpoint has ever replied.
         self._silent_timeouts = 0
@@ -290,25 +338,42 @@ class ClientBase:
 
     @property
     def endpoint(self) -> str:
-        return self.endpoints[self._endpoint_index % len(self.endpoints)]
+        """Where requests go now."""
+        return self.directory.current
 
-    def _learned(self, answer: dict) -> str | None:
-        """Feed a NODES answer to the directory; the endpoint to move to, if any."""
-        current = self.endpoint
-        target = self.directory.learn(answer, current)
-        endpoints = self.endpoints
-        self._endpoint_index = endpoints.index(current) if current in endpoints else 0
-        if target is not None and target != current:
-            return target
-        return None
+    def _discovery(self, now_ns: int) -> tuple[Pending, bytes] | None:
+        """The NODES request to send before a call, when it is time to ask; None otherwise.
+
+        Not before any broker has answered: until then a call says that no server
+        answered rather than wait for NODES first."""
+        if not self.directory.due(now_ns) or not self._core.heard:
+            return None
+        self.directory.asked(now_ns)
+        return self._core.nodes(now_ns + self._discover_timeout_ns)
+
+    def _discovered(self, reply: protocol.Reply | None) -> str | None:
+        """Take the reply to :meth:`_discovery`'s request (None when there was none in
+        time: the client has reset, as after any timeout); the endpoint to move to, if any.
+        Discovery never fails a call."""
+        if reply is None or reply.nodes is None:
+            return None
+        self.directory.answered()
+        return self.directory.learn(reply.nodes)
 
     def _move_to(self, endpoint: str) -> None:
         """Use ``endpoint`` from the next connection on (the caller closed the old one)."""
-        self._endpoint_index = self.endpoints.index(endpoint)
+        self.directory.current = endpoint
 
-    def _timeout(self, what: str = "reply", endpoint: str | None = None) -> Timeout:
-        """The error for a request that went unanswered on ``endpoint`` (the current one)."""
+    def _timeout(self, what: str = "reply", endpoint: str | None = None, tries: int = 0, quiet_ns: int = 0) -> Timeout:
+        """The error for a request that went unanswered on ``endpoint`` (the current one);
+        with ``tries``, the one a call gives up with after that many failed attempts and
+        ``quiet_ns`` without a reply."""
         text = f"no {what} from {endpoint or self.endpoint} within {self.timeout_s} s"
+        if tries:
+            text += (
+                f" (the timeout of each attempt); gave up after {tries} failed attempt{'s' if tries > 1 else ''},"
+                f" {quiet_ns / 1e9:.1f} s without a reply"
+            )
         if self.curve is not None:
             text += (
                 " (CURVE is on: a wrong server key, or a client key not on the broker's allow-list, "
@@ -335,12 +400,11 @@ class ClientBase:
         return Timeout(text)
 
     def _forget_connection(self, rotate: bool) -> None:
-        """The socket is going: nothing on it will be answered; move to the next endpoint."""
+        """The socket is going: nothing on it will be answered. With ``rotate`` its
+        endpoint failed, and the next connection goes where :meth:`Directory.failed` says."""
         self._core.abandon(list(self._core.inflight.values()))
         if rotate:
-            self.directory.on_failure()
-            if len(self.endpoints) > 1:
-                self._endpoint_index = (self._endpoint_index + 1) % len(self.endpoints)
+            self.directory.failed()
         self.resets += 1
 
 
@@ -360,7 +424,10 @@ class ReserveJob:
     #: IDs not yet asked for (or to be asked for again).
     unasked: int = 0
     inflight: int = 0
+    #: Failed attempts that count against ``retries``.
     attempts: int = 0
+    #: Timeouts that moved the job to an endpoint it had not found unresponsive (not counted).
+    failovers: int = 0
     last_error: SnowfenceError | None = None
     _chunks: deque = field(default_factory=deque)
 
@@ -407,14 +474,18 @@ class ReserveJob:
         self.last_error = error
         return self.attempts <= self.retries
 
-    def on_timeout(self, asked: list[int], error: SnowfenceError) -> bool:
+    def on_timeout(self, asked: list[int], error: SnowfenceError, counted: bool = True) -> bool:
         """Requests (of these counts) went unanswered together: ask again, if attempts
         remain. One attempt for them all: a pipelined round that times out is one
-        failure of the connection, not one per request in flight."""
+        failure of the connection, not one per request in flight. A timeout that is
+        not ``counted`` (a failover to another endpoint) uses up no retry."""
         for count in asked:
             self.requeue(count)
-        self.attempts += 1
         self.last_error = error
+        if not counted:
+            self.failovers += 1
+            return True
+        self.attempts += 1
         return self.attempts <= self.retries
 
     def on_overloaded(self, asked: int, error: SnowfenceError) -> bool:
@@ -468,14 +539,19 @@ class ReserveRound:
     request whose socket was reset under it), then call :meth:`settle`, which says
     whether to reset the connection (to the next endpoint) and how long to sleep.
     Errors that end the reservation are raised from these calls; the client then
-    calls :meth:`abandon`.
+    calls :meth:`abandon`. ``started_ns`` is when the call began.
     """
 
-    def __init__(self, client: ClientBase, job: ReserveJob) -> None:
+    def __init__(self, client: ClientBase, job: ReserveJob, started_ns: int = 0) -> None:
         self.client = client
         self.job = job
         #: This round's requests on the wire, by request id.
         self.waiting: dict[int, Pending] = {}
+        #: Endpoints that let this call's requests time out.
+        self.unresponsive: set[str] = set()
+        #: When the call last got a reply (or began), for the message it gives up with.
+        self.replied_ns = started_ns
+        self._replied = False
         self._backoff_s = 0.0
 
     @property
@@ -500,6 +576,7 @@ class ReserveRound:
         """A reply to one of this round's requests (raises what ends the reservation)."""
         if self.waiting.pop(pending.request_id, None) is None:
             return
+        self._replied = True
         self._backoff_s = max(self._backoff_s, apply_reply(self.job, pending, reply))
 
     def on_dropped(self, pending: Pending) -> None:
@@ -511,15 +588,21 @@ class ReserveRound:
         """After a wait: (reset the connection?, seconds to sleep before going on).
 
         A request past its deadline is a failed attempt; the connection is reset
-        and the round's other requests are asked again on the next endpoint
-        (nothing more can come on the old socket). If no endpoint has ever
-        replied, the round gives up after one timeout per endpoint. After a
-        retriable refusal the round backs off, and with other endpoints to try it
-        moves on to the next, except after ``overloaded``: that server is up and
-        has said when to come back.
+        and the round's other requests are asked again at once on the next
+        endpoint (nothing more can come on the old socket). While the call knows
+        an endpoint that has not let it time out, the timeout is a failover and
+        uses up no retry: a node that died costs a call one timeout, whatever
+        ``retries`` is. If no endpoint has ever replied, the round gives up after
+        one timeout per endpoint. After a retriable refusal the round backs off,
+        and with other endpoints to try it moves on to the next, except after
+        ``overloaded``: that server is up and has said when to come back.
         """
         client, job = self.client, self.job
         backoff, self._backoff_s = self._backoff_s, 0.0
+        if self._replied:
+            self._replied = False
+            self.replied_ns = now_ns
+            client.directory.answered()
         expired = [p for p in self.waiting.values() if p.deadline_ns <= now_ns]
         if expired:
             for p in expired:
@@ -528,8 +611,12 @@ class ReserveRound:
             silent = client._never_answered()
             if silent is not None:
                 raise silent
-            if not job.on_timeout([p.count for p in expired], client._timeout()):
-                raise job.last_error
+            endpoint = client.endpoint
+            self.unresponsive.add(endpoint)
+            counted = not client.directory.untried(self.unresponsive)
+            if not job.on_timeout([p.count for p in expired], client._timeout(endpoint=endpoint), counted):
+                tries = job.attempts + job.failovers
+                raise client._timeout(endpoint=endpoint, tries=tries, quiet_ns=now_ns - self.replied_ns)
             self._requeue_all()
             return True, 0.0
         if backoff and len(client.endpoints) > 1 and not isinstance(job.last_error, Overloaded):
@@ -552,12 +639,17 @@ class ReserveRound:
 
 
 class StatusRound:
-    """One ``status()`` (or ``nodes()``): asked again after a timeout, up to the client's retries."""
+    """One ``status()`` (or ``nodes()``): asked again after a timeout, up to the
+    client's retries; as in :meth:`ReserveRound.settle`, a timeout that moves the
+    call to an endpoint it has not found unresponsive uses up no retry."""
 
-    def __init__(self, client: ClientBase, what: str = "status") -> None:
+    def __init__(self, client: ClientBase, what: str = "status", started_ns: int = 0) -> None:
         self.client = client
         self.what = what
+        self.started_ns = started_ns
         self.attempts = 0
+        self.failovers = 0
+        self.unresponsive: set[str] = set()
         self.endpoint = client.endpoint
 
     def request(self, now_ns: int) -> tuple[Pending, bytes]:
@@ -566,6 +658,7 @@ class StatusRound:
         return ask(now_ns + self.client._timeout_ns)
 
     def on_reply(self, reply: protocol.Reply) -> dict:
+        self.client.directory.answered()
         if reply.error is not None:
             raise reply.error
         answer = reply.nodes if self.what == "nodes" else reply.status
@@ -573,15 +666,22 @@ class StatusRound:
             raise BadRequest(f"the server answered a {self.what} request with reply type 0x{reply.type:02x}")
         return answer
 
-    def on_lost(self, timed_out: bool = True) -> None:
+    def on_lost(self, now_ns: int, timed_out: bool = True) -> None:
         """No reply (the client has reset its connection); raises when it is time to give up."""
-        self.attempts += 1
         if timed_out:
             silent = self.client._never_answered()
             if silent is not None:
                 raise silent
+            self.unresponsive.add(self.endpoint)
+            if self.client.directory.untried(self.unresponsive):
+                self.failovers += 1
+                return
+        self.attempts += 1
         if self.attempts > self.client.retries:
-            raise self.client._timeout("status reply", self.endpoint)
+            tries = self.attempts + self.failovers
+            raise self.client._timeout(
+                f"{self.what} reply", self.endpoint, tries=tries, quiet_ns=now_ns - self.started_ns
+            )
 
 
 class PrefetchDepth:

@@ -36,7 +36,7 @@ import orjson
 import zmq
 import zmq.backend
 
-from .. import protocol
+from .. import latency, protocol
 from ..clock import HostClock
 from ..config import Config
 from ..errors import (
@@ -74,6 +74,7 @@ _split_routed = protocol.split_routed
 _plain_reserve = protocol.plain_reserve
 _encode_reply = protocol.encode_reply
 _encode_block = protocol.encode_block
+_mono = time.monotonic_ns
 CLAIM_BACKOFF_MIN_S = 0.25
 #: Set to 1 (tests only) to arm the fault hooks: SIGUSR1 hangs the minting loop.
 FAULT_HOOKS_ENV = "SNOWFENCE_FAULT_HOOKS"
@@ -208,6 +209,8 @@ class Worker:
         self.counters: collections.Counter = collections.Counter()
         #: Waits by cause, shared by this process's minters.
         self.waits = {"step_back": 0, "sequence": 0}
+        #: How long requests took here, by kind (index: has a causal token); in STATE.
+        self.mint_ns = latency.by_kind()
         #: Forward jumps, the kernel's error bound, the step-back histogram.
         self.host_clock = HostClock(
             forward_jump_ms=config.forward_jump_ms,
@@ -234,7 +237,9 @@ class Worker:
     # -- lifecycle --------------------------------------------------------------------
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a terminal that hung up
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # started under nohup, as its broker was
             signal.signal(sig, lambda signum, frame: self._signals.append(signum))
         if os.environ.get(FAULT_HOOKS_ENV) == "1":
             # Fault hook for tests: SIGUSR1 makes the minting loop hang for good
@@ -271,11 +276,12 @@ class Worker:
             try:
                 frame = _recv(sock)  # waits at most RCVTIMEO
             except zmq.Again:
-                pass
+                now_ns = mono()
             else:
                 self._heard = True
-                handle(frame)
-            if self._state_dirty or mono() >= self._next_tick_ns:
+                # The reading that ends a request's minting time also times the loop.
+                now_ns = handle(frame, mono())
+            if self._state_dirty or now_ns >= self._next_tick_ns:
                 self.tick()
         self.drain()
 
@@ -290,23 +296,28 @@ class Worker:
                     break
                 continue
             self._broker_seen_ns = time.monotonic_ns()
-            self.handle(frame)
+            self.handle(frame, self._broker_seen_ns)
 
-    def handle(self, frame: bytes) -> None:
+    def handle(self, frame: bytes, start_ns: int) -> int:
+        """Act on one frame from the broker, taken off the socket at ``start_ns``
+        (monotonic); returns the monotonic time it was done (``start_ns`` for
+        frames not timed)."""
         if not frame:
-            return
+            return start_ns
         kind = frame[0]
         if kind == _WORK:
-            self.work(frame)
-        elif kind == protocol.STOP:
+            return self.work(frame, start_ns)
+        if kind == protocol.STOP:
             if not self.stopping:
                 event(log, "stopping", "broker asked to stop; draining")
             self.stopping = True
         # PING only proves the broker is alive; unknown kinds are ignored.
+        return start_ns
 
     # -- minting ----------------------------------------------------------------------
 
-    def work(self, frame: bytes) -> None:
+    def work(self, frame: bytes, start_ns: int) -> int:
+        """Answer one RESERVE; record how long it took (by kind) and return when it was done."""
         meta, addr, body = _split_routed(frame)
         plain = _plain_reserve(body)
         after = None
@@ -324,7 +335,7 @@ class Worker:
                     protocol.request_id_of(body) if err.request_id is None else err.request_id, err
                 )
                 _send(self.sock, protocol.encode_reply(meta, addr, reply))
-                return
+                return start_ns  # not a request of any kind
             plain = request.request_id, request.count
         request_id, n = plain
         error: SnowfenceError | None = None
@@ -346,17 +357,26 @@ class Worker:
                 # trying another), or one this worker ID's shard cannot sort after.
                 self.counters[err.code] += 1
                 _send(self.sock, protocol.encode_reply(meta, addr, protocol.encode_error(request_id, err)))
-                return
+                return self._timed(after is not None, start_ns)
             counters = self.counters
             counters["requests_ok"] += 1
             counters["ids"] += count
             _send(self.sock, _encode_reply(meta, addr, _encode_block(request_id, first, count)))
-            return
+            done_ns = _mono()  # what _timed does, without a call on the hot path
+            self.mint_ns[after is not None].observe(done_ns - start_ns)
+            return done_ns
         if error is None:
             error = self.not_ready_error()
         self.counters["refused_" + error.code] += 1
         self._send_state()  # leave rotation before the broker retries elsewhere
         _send(self.sock, protocol.encode_refused(meta, addr, body, protocol.encode_error(request_id, error)))
+        return self._timed(after is not None, start_ns)
+
+    def _timed(self, has_token: bool, start_ns: int) -> int:
+        """Record the minting time of a request answered (or handed back) just now; returns now."""
+        done_ns = _mono()
+        self.mint_ns[has_token].observe(done_ns - start_ns)
+        return done_ns
 
     def not_ready_error(self) -> SnowfenceError:
         return refusal_for((h.state for h in self.held), (self.reason,))
@@ -506,6 +526,7 @@ class Worker:
             "clock_ahead_ms": self.host_clock.ahead_ms,
             "passed_over": [{"worker_id": w, "reason": why} for w, why in sorted(self._passed_over().items())],
             "store_problem": self._store_problem(),
+            "mint_ns": latency.report(self.mint_ns),
         }
 
     def _store_problem(self) -> str | None:

@@ -92,7 +92,7 @@ def refusal_for(states: Iterable[str], reasons: Iterable[str] = ()) -> Snowfence
     reasons = sorted({r for r in reasons if r})
     why = f" ({'; '.join(reasons)})" if reasons else ""
     if FENCED in states:
-        return Fenced("fenced: lease renewals are failing" + why)
+        return Fenced("lease renewals are failing" + why)
     if CLOCK_UNSAFE in states:
         return ClockUnsafe("the wall clock cannot be trusted" + why)
     if RESERVING in states:
