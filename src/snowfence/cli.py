@@ -643,8 +643,10 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
     window_ms = int(config.reservation_window_s * 1000)
     if config.embedded:
         from .workers.embedded import FileStore
+        from .workers.journal import Journal
 
-        store = FileStore(config.state_dir, config.layout, config.region, window_ms=window_ms)
+        journal = Journal(config.journal_path, "embedded")
+        store = FileStore(config.state_dir, config.layout, config.region, window_ms=window_ms, journal=journal)
         where = f"state directory {config.state_dir}"
         if store.journal.problem:
             print(f"this host's journal had refused: {store.journal.problem}")

@@ -20,7 +20,6 @@ from fakeclock import FakeClock
 
 from snowfence.config import Config
 from snowfence.errors import ConfigError, EtcdUnavailable, LayoutMismatch, LeaseLost
-from snowfence.ids import Layout
 from snowfence.workers import etcd as etcd_mod
 from snowfence.workers.etcd import REBUILD_AFTER_FAILURES, EtcdStore
 from snowfence.workers.genesis import Genesis

@@ -579,7 +579,23 @@ class FileStore(Store):
     # -- marks ----------------------------------------------------------------------
 
     def candidates(self) -> Iterator[int]:
+        self._refresh_genesis()
         return iter(range(self.layout.max_worker + 1))
+
+    def _refresh_genesis(self) -> None:
+        """Read the genesis again at each claim pass: a restore an operator accepted, or a
+        record removed, is seen by a running node, not only by the next start."""
+        if self.genesis is None:
+            return  # check_layout reads it first
+        recorded = self.read_genesis()
+        if recorded is None:
+            self.journal.check_genesis(None)
+            raise StoreWentBack(f"{self._layout_path()} was removed while this node used it")
+        if recorded != self.genesis:
+            if recorded.layout != self.layout:
+                raise StoreWentBack(f"{self._layout_path()} now names another layout")
+            self.journal.check_genesis(recorded)
+            self.genesis = recorded
 
     def paths(self, worker_id: int) -> tuple[Path, Path]:
         return self.dir / f"worker-{worker_id}.lock", self.dir / f"worker-{worker_id}.mark"

@@ -596,7 +596,9 @@ class EtcdStore(Store):
                 restore=Restore(new_store_id(), now_unix_ms, reason),
                 quarantine_until_ms=max(genesis.quarantine_until_ms, self._now_ms() + self.quarantine_ms()),
             )
-            ok, _ = client.transaction(compare=compare, success=[tx.put(key, orjson.dumps(genesis.to_dict()))])
+            ok, _ = client.transaction(
+                compare=compare, success=[tx.put(key, orjson.dumps(genesis.to_dict()))], failure=[]
+            )
             if ok:
                 self.genesis = genesis
                 return genesis

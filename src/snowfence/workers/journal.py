@@ -77,6 +77,9 @@ class Journal:
         self.window_ms = 0
         #: What went back, once seen; cleared only by accepting a restore.
         self.problem: str | None = None
+        #: The latest epoch when the problem was seen: an epoch begun after it (a restore
+        #: accepted, by this process or another that shares the file) clears it.
+        self.problem_seq = 0
         #: The epoch the store is in now (set by :meth:`check_genesis`).
         self.current: str | None = None
         self._dirty = False
@@ -114,6 +117,8 @@ class Journal:
                 raise ValueError("acks is damaged")
             if type(doc["window_ms"]) is not int or not isinstance(doc["problem"], str | None):
                 raise ValueError("window_ms or problem is damaged")
+            if type(doc.get("problem_seq", 0)) is not int:
+                raise ValueError("problem_seq is damaged")
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             # The witness is damaged: claims are refused (never read as "no history")
             # until an operator repairs or removes the file.
@@ -142,8 +147,17 @@ class Journal:
                 ours["marks"][mkey] = [newer[0], newer[1], peak, newer[3]]
         self.acks |= set(doc["acks"])
         self.window_ms = max(self.window_ms, doc["window_ms"])
-        if doc["problem"] and not self.problem:
-            self.problem = doc["problem"]
+        if doc["problem"] and doc.get("problem_seq", 0) >= self.problem_seq:
+            self.problem, self.problem_seq = doc["problem"], doc.get("problem_seq", 0)
+        self._clear_accepted()
+
+    def _latest_seq(self) -> int:
+        return max((e["seq"] for e in self.epochs.values()), default=0)
+
+    def _clear_accepted(self) -> None:
+        """A problem seen before the latest epoch began was accepted: it no longer refuses."""
+        if self.problem is not None and not self._damaged and self.problem_seq < self._latest_seq():
+            self.problem = None
 
     def load(self) -> None:
         """Merge the file into memory. A damaged file refuses claims (never read as "no history"),
@@ -190,6 +204,7 @@ class Journal:
             "acks": sorted(self.acks),
             "window_ms": self.window_ms,
             "problem": self.problem,
+            "problem_seq": self.problem_seq,
         }
 
     def save_if_changed(self) -> None:
@@ -206,7 +221,7 @@ class Journal:
     def _went_back(self, what: str) -> StoreWentBack:
         """Record what went back (sticky, persisted) and the error that refuses claims."""
         if self.problem is None:
-            self.problem = what
+            self.problem, self.problem_seq = what, self._latest_seq()
             self._dirty = True
             event(log, "store_went_back", what, level=logging.ERROR, journal=str(self.path))
             with contextlib.suppress(StateDirError):

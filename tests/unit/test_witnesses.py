@@ -1,0 +1,124 @@
+"""The witnesses outside the store: the node's journal, and the genesis record beside it.
+
+An in-memory etcd on a fake clock, and embedded stores in a temporary directory: each
+test makes the store forget or go back and checks what a claim does next.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from test_etcd_store import PREFIX, Etcd
+
+from snowfence.errors import StateDirError, StoreWentBack, WorkerIdUnusable
+from snowfence.ids import DEFAULT_LAYOUT
+from snowfence.workers.embedded import FileStore
+from snowfence.workers.genesis import Genesis
+from snowfence.workers.journal import Journal
+
+NOW_MS = 1_000_000
+
+
+def etcd_store(etcd: Etcd, tmp_path, name: str = "n1"):
+    journal = Journal(tmp_path / name, "etcd-unit", marks_store_wide=True)
+    store = etcd.store()
+    store.journal = journal
+    store._wall_ns = lambda: (NOW_MS + store.layout.epoch_ms) * 1_000_000
+    return store
+
+
+def test_journal_roundtrip_keeps_the_peak_and_refuses_a_mark_gone_back(tmp_path):
+    j = Journal(tmp_path, "embedded")
+    g = Genesis.create(DEFAULT_LAYOUT, now_unix_ms=1, window_ms=100)
+    j.check_genesis(g)
+    j.note_mark(0, 3, rev=5, ms=900)
+    j.save_if_changed()
+    again = Journal(tmp_path, "embedded")
+    again.check_genesis(g)
+    assert again.floor_ms(0, 3) == 900
+    # A later mark set lower (a release elsewhere) never lowers the floor.
+    again.check_mark(0, 3, 6, 400)
+    assert again.floor_ms(0, 3) == 900
+    # An older revision is a copy put back: per worker ID for a file store.
+    with pytest.raises(WorkerIdUnusable, match="went back"):
+        again.check_mark(0, 3, 4, 800)
+
+
+def test_a_damaged_journal_is_a_problem_and_is_never_overwritten(tmp_path):
+    j = Journal(tmp_path, "embedded")
+    j.check_genesis(Genesis.create(DEFAULT_LAYOUT, now_unix_ms=1, window_ms=100))
+    j.note_mark(0, 1, rev=1, ms=10)
+    path = tmp_path / "embedded.json"
+    path.write_bytes(b"{not json")
+    damaged = Journal(tmp_path, "embedded")
+    assert damaged.problem
+    with pytest.raises(StoreWentBack):
+        damaged.check_genesis(Genesis.create(DEFAULT_LAYOUT, now_unix_ms=1, window_ms=100))
+    assert path.read_bytes() == b"{not json"
+
+
+def test_etcd_prefix_deleted_is_refused_by_a_node_that_saw_it_until_a_restore_is_accepted(tmp_path):
+    etcd = Etcd()
+    a = etcd_store(etcd, tmp_path)
+    lease = a.claim(None, "a", NOW_MS, 1000)
+    assert lease is not None
+    lease.extend(NOW_MS + 5000)
+    assert etcd.server.delete_prefix(PREFIX) > 0
+    with pytest.raises(StoreWentBack, match="layout record"):
+        a.claim(None, "a", NOW_MS, 1000)
+    assert a.journal.problem and "accept-restore" in a.journal.problem
+    # A node of the same cluster that never saw the store cannot tell; the operator can.
+    admin = etcd.store()
+    admin._wall_ns = a._wall_ns
+    genesis = admin.accept_restore("deleted by hand")
+    assert genesis.restore is not None and genesis.restore.reason == "deleted by hand"
+    assert orjson.loads(etcd.value("layout"))["restore"]["id"] == genesis.restore.id
+    again = a.claim(None, "a", NOW_MS, 100_000)
+    assert a.journal.problem is None
+    # The claim takes the journal's floor: everything the lost mark had reserved.
+    assert again is not None and again.reserved_until_ms >= NOW_MS + 5000
+
+
+def test_etcd_restore_with_bumped_revisions_still_takes_the_journals_floor(tmp_path):
+    etcd = Etcd()
+    a = etcd_store(etcd, tmp_path)
+    lease = a.claim(None, "a", NOW_MS, 1000)
+    wid = lease.worker_id
+    lease.release(NOW_MS + 10)
+    snap = etcd.server.snapshot()  # the mark at NOW_MS + 10, no claim
+    lease = a.claim(wid, "a", NOW_MS, 1000)
+    lease.extend(NOW_MS + 9000)
+    lease.release(NOW_MS + 8000)
+    etcd.server.restore(snap, bump=1000)
+    b = etcd_store(etcd, tmp_path, "n1")  # the same node, restarted
+    with pytest.raises(StoreWentBack):
+        b.claim(wid, "a", NOW_MS, 100_000)
+    admin = etcd.store()
+    admin._wall_ns = a._wall_ns
+    admin.accept_restore("restored on purpose")
+    c = etcd_store(etcd, tmp_path, "n1")
+    got = c.claim(wid, "a", NOW_MS, 100_000)
+    assert got is not None and got.worker_id == wid and got.reserved_until_ms >= NOW_MS + 8000
+
+
+def test_embedded_wipe_is_refused_by_the_journal_kept_elsewhere(tmp_path):
+    state, journal_dir = tmp_path / "state", tmp_path / "journal"
+    s = FileStore(state, DEFAULT_LAYOUT, 0, window_ms=1000, journal=Journal(journal_dir, "embedded"))
+    lease = s.claim(None, "a", NOW_MS, 1000)
+    assert lease is not None
+    lease.release(NOW_MS + 10)
+    for entry in sorted(state.rglob("*"), reverse=True):
+        entry.rmdir() if entry.is_dir() else entry.unlink()
+    t = FileStore(state, DEFAULT_LAYOUT, 0, window_ms=1000, journal=Journal(journal_dir, "embedded"))
+    with pytest.raises(StoreWentBack, match="accept-restore"):
+        t.claim(None, "a", NOW_MS, 1000)
+
+
+def test_embedded_layout_missing_beside_marks_refuses_to_start(tmp_path):
+    state = tmp_path / "state"
+    s = FileStore(state, DEFAULT_LAYOUT, 0, window_ms=1000, journal=Journal(tmp_path / "j1", "embedded"))
+    s.claim(None, "a", NOW_MS, 1000).release(NOW_MS + 10)
+    (state / "layout.json").unlink()
+    t = FileStore(state, DEFAULT_LAYOUT, 0, window_ms=1000, journal=Journal(tmp_path / "j2", "embedded"))
+    with pytest.raises(StateDirError, match="mark files remain"):
+        t.check_layout(DEFAULT_LAYOUT)
