@@ -122,3 +122,18 @@ def test_embedded_layout_missing_beside_marks_refuses_to_start(tmp_path):
     t = FileStore(state, DEFAULT_LAYOUT, 0, window_ms=1000, journal=Journal(tmp_path / "j2", "embedded"))
     with pytest.raises(StateDirError, match="mark files remain"):
         t.check_layout(DEFAULT_LAYOUT)
+
+
+def test_an_older_release_refuses_a_genesis_record_and_a_new_one_upgrades_a_layout_record():
+    from snowfence.errors import ConfigError
+    from snowfence.ids import Layout
+
+    genesis = Genesis.create(DEFAULT_LAYOUT, now_unix_ms=1, window_ms=100)
+    # An older release reads the record with Layout.from_dict (unchanged since): it
+    # refuses the fields it does not know, so it will not start on an upgraded store.
+    with pytest.raises(ConfigError, match="unknown layout fields"):
+        Layout.from_dict(genesis.to_dict())
+    # An older release's record reads as a store that needs its genesis written.
+    old = Genesis.from_dict(DEFAULT_LAYOUT.to_dict())
+    assert old.layout == DEFAULT_LAYOUT and not old.upgraded
+    assert Genesis.from_dict(orjson.loads(orjson.dumps(genesis.to_dict()))) == genesis
