@@ -126,6 +126,9 @@ def test_the_simulated_etcd_answers_as_a_real_one(tmp_path):
             value, _ = stores[0].client.get(f"{prefix}marks/1/{wid}")
             return orjson.loads(value)["reserved_until_ms"]
 
+        # An older release's layout record, upgraded at the first claim: no new-store
+        # quarantine, so the marks the script sees do not depend on either wall clock.
+        stores[0].client.put(prefix + "layout", orjson.dumps(cfg.layout.to_dict()))
         real = script(
             stores,
             mark_of,
@@ -153,6 +156,7 @@ def test_the_simulated_etcd_answers_as_a_real_one(tmp_path):
     def fake_mark(wid):
         return orjson.loads(world.etcd.kv[f"/snowfence/fake-check/marks/1/{wid}"].value)["reserved_until_ms"]
 
+    world.etcd.put_key("/snowfence/fake-check/layout", orjson.dumps(cfg.layout.to_dict()))
     simulated = script(
         stores,
         fake_mark,
@@ -171,6 +175,8 @@ def test_the_simulated_etcd_answers_as_a_real_one(tmp_path):
 
     def lapse():
         now[0] += (TTL_S + 1) * sim.NS
+
+    server.put_key("/snowfence/fake-check/layout", orjson.dumps(cfg.layout.to_dict()))
 
     direct = script(
         stores,

@@ -204,7 +204,7 @@ KEPT_SEEDS = [
     (7316429, "etcd"),
 ]
 #: Each CI run also tries seeds no run tried before, for this long.
-NEW_SEEDS_BUDGET_S = 20
+NEW_SEEDS_BUDGET_S = 10
 
 
 @pytest.mark.parametrize("seed,kind", KEPT_SEEDS)

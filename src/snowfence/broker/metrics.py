@@ -271,7 +271,11 @@ class Metrics:
         if self.ready:
             self.ready_reason = "ready"
         else:
-            self.ready_reason = router.veto or str(router.why_none_ready())
+            if router.veto:
+                self.ready_reason = router.veto
+            else:
+                why = router.why_none_ready()
+                self.ready_reason = f"{why.code}: {why}"
         return fams
 
 
