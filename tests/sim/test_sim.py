@@ -22,7 +22,7 @@ import mutants  # noqa: E402
 import sim  # noqa: E402
 
 #: The clean run's budget: what CI spends proving the real code (see docs/RELIABILITY.md).
-CLEAN_BUDGET_S = 60
+CLEAN_BUDGET_S = 40
 #: A mutant must be caught within this; the slowest take a few seconds.
 MUTANT_BUDGET_S = 60
 

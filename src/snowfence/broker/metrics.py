@@ -275,7 +275,8 @@ class Metrics:
                 self.ready_reason = router.veto
             else:
                 why = router.why_none_ready()
-                self.ready_reason = f"{why.code}: {why}"
+                code = getattr(why, "code", None)
+                self.ready_reason = f"{code}: {why}" if code else str(why)
         return fams
 
 
