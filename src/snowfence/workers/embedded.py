@@ -71,9 +71,9 @@ from ..errors import (
 from ..ids import Layout
 from ..logs import event
 from .durable import _fsync_dir, _tmp_name, _write_synced, write_atomic
-from .genesis import Genesis, Restore, new_store_id
+from .genesis import Genesis
 from .journal import Journal
-from .lease import Lease, PreferenceFile, Store, embedded_namespace
+from .lease import Lease, PreferenceFile, Store, embedded_namespace, exclusivity_lost
 
 log = logging.getLogger("snowfence.embedded")
 
@@ -237,16 +237,7 @@ class FileLease(Lease):
         self._witness = witness
 
     def _lost(self, why: str) -> LeaseLost:
-        event(
-            log,
-            "lease_exclusivity_lost",
-            f"worker ID {self.worker_id}: {why}; the lease is lost",
-            level=logging.ERROR,
-            worker_id=self.worker_id,
-            token=self.token,
-            reason=why,
-        )
-        return LeaseLost(f"worker ID {self.worker_id}: {why}")
+        return exclusivity_lost(self, why)
 
     def check(self) -> None:
         """Raise LeaseLost unless our lock file is at its path and the mark carries our token.
@@ -555,14 +546,12 @@ class FileStore(Store):
                 if region.isdigit() and name[7:-5].isdigit():
                     used.setdefault(int(region), set()).add(int(name[7:-5]))
             self.genesis = genesis  # quarantine_ms() counts its window
-            genesis = dataclasses.replace(
-                genesis,
-                window_ms=max(genesis.window_ms, self.window_ms),
-                used={r: frozenset(ws) for r, ws in used.items()},
-                restore=Restore(new_store_id(), now_unix_ms, reason),
-                quarantine_until_ms=max(
-                    genesis.quarantine_until_ms, now_unix_ms - self.layout.epoch_ms + self.quarantine_ms()
-                ),
+            genesis = genesis.restored(
+                reason,
+                now_unix_ms=now_unix_ms,
+                window_ms=self.window_ms,
+                used=used,
+                quarantine_until_ms=now_unix_ms - self.layout.epoch_ms + self.quarantine_ms(),
             )
             self._write_genesis(genesis)
         self.genesis = genesis

@@ -54,9 +54,9 @@ from ..errors import (
 )
 from ..ids import Layout
 from ..logs import event
-from .genesis import Genesis, Restore, new_store_id
+from .genesis import Genesis
 from .journal import Journal
-from .lease import Lease, Store
+from .lease import Lease, Store, exclusivity_lost
 
 log = logging.getLogger("snowfence.etcd")
 
@@ -589,12 +589,12 @@ class EtcdStore(Store):
             for region, workers in genesis.used.items():
                 used.setdefault(region, set()).update(workers)
             self.genesis = genesis  # quarantine_ms() counts its window
-            genesis = dataclasses.replace(
-                genesis,
-                window_ms=max(genesis.window_ms, self.window_ms),
-                used={r: frozenset(ws) for r, ws in used.items()},
-                restore=Restore(new_store_id(), now_unix_ms, reason),
-                quarantine_until_ms=max(genesis.quarantine_until_ms, self._now_ms() + self.quarantine_ms()),
+            genesis = genesis.restored(
+                reason,
+                now_unix_ms=now_unix_ms,
+                window_ms=self.window_ms,
+                used=used,
+                quarantine_until_ms=self._now_ms() + self.quarantine_ms(),
             )
             ok, _ = client.transaction(
                 compare=compare, success=[tx.put(key, orjson.dumps(genesis.to_dict()))], failure=[]
@@ -628,16 +628,7 @@ class EtcdStore(Store):
             self.journal.went_back(what)
 
     def exclusivity_lost(self, lease: EtcdLease, why: str) -> LeaseLost:
-        event(
-            log,
-            "lease_exclusivity_lost",
-            f"worker ID {lease.worker_id}: {why}; the lease is lost",
-            level=logging.ERROR,
-            worker_id=lease.worker_id,
-            token=lease.token,
-            reason=why,
-        )
-        return LeaseLost(f"worker ID {lease.worker_id}: {why}")
+        return exclusivity_lost(lease, why)
 
     def _read_region(self) -> set[int]:
         """One transaction: the genesis, and this region's claims and marks. Checks the

@@ -77,6 +77,19 @@ class Genesis:
         used[region] = frozenset({*used.get(region, ()), worker_id})
         return dataclasses.replace(self, used=used)
 
+    def restored(
+        self, reason: str, *, now_unix_ms: int, window_ms: int, used: dict, quarantine_until_ms: int
+    ) -> Genesis:
+        """This record after an operator accepted the store as it is: a new restore record,
+        the worker IDs ever used, and a quarantine every claim waits out."""
+        return dataclasses.replace(
+            self,
+            window_ms=max(self.window_ms, window_ms),
+            used={r: frozenset(ws) for r, ws in used.items()},
+            restore=Restore(new_store_id(), now_unix_ms, reason),
+            quarantine_until_ms=max(self.quarantine_until_ms, quarantine_until_ms),
+        )
+
     def to_dict(self) -> dict:
         doc = self.layout.to_dict()
         if self.store_id is None:

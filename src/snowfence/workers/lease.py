@@ -164,6 +164,21 @@ class Store:
         return None
 
 
+def exclusivity_lost(lease: Lease, why: str) -> LeaseLost:
+    """A holder found its claim or mark no longer its own: logged (and counted from the
+    log's event), and the error that fences its minter."""
+    event(
+        log,
+        "lease_exclusivity_lost",
+        f"worker ID {lease.worker_id}: {why}; the lease is lost",
+        level=logging.ERROR,
+        worker_id=lease.worker_id,
+        token=lease.token,
+        reason=why,
+    )
+    return LeaseLost(f"worker ID {lease.worker_id}: {why}")
+
+
 def embedded_namespace(region: int) -> str:
     """Where embedded mode's preference files of ``region`` live, under last-worker-id/."""
     return f"embedded-r{region}"
