@@ -50,6 +50,8 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -368,26 +370,54 @@ class BadState(ValueError):
 _NUMBER = (int, float)
 
 
-def _default(cls: type, name: str) -> Any:
-    f = cls.__dataclass_fields__[name]
+def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
-def _get(obj: dict, name: str, kinds: tuple[type, ...], default: Any) -> Any:
-    """``obj[name]`` if it is one of ``kinds`` (None allowed where the default is None)."""
-    value = obj.get(name, default)
-    if value is None and default is None:
-        return None
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        raise BadState(f"STATE field {name!r} is {type(value).__name__}, not {'/'.join(k.__name__ for k in kinds)}")
-    return value
+def _kinds(hint: object) -> tuple[type, ...]:
+    """The JSON types a field's annotation admits (a float admits an int; None is the default's)."""
+    kinds: list[type] = []
+    for arg in typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,):
+        if arg is type(None):
+            continue
+        origin = typing.get_origin(arg) or arg
+        kinds += _NUMBER if origin is float else (list if origin is tuple else origin,)
+    return tuple(dict.fromkeys(kinds))
+
+
+def _wire(cls: type) -> dict[str, tuple[dataclasses.Field, tuple[type, ...]]]:
+    """A STATE dataclass's fields on the wire, each with the JSON types its annotation admits.
+
+    The annotation is the one declaration of a field's type; fields marked
+    ``local`` (what the reader adds) are not on the wire."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, _kinds(hints[f.name])) for f in dataclasses.fields(cls) if not f.metadata.get("local")}
+
+
+def _read(cls: type, obj: dict) -> dict:
+    """The fields of ``cls`` from ``obj``: each the type its annotation says, or its default if absent."""
+    out = {}
+    for name, (f, kinds) in cls._WIRE.items():
+        value = obj.get(name, None)
+        if value is None:
+            out[name] = _default(f)
+            if f.default is not None and name in obj:
+                raise BadState(f"STATE field {name!r} is null, not {'/'.join(k.__name__ for k in kinds)}")
+            continue
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            raise BadState(f"STATE field {name!r} is {type(value).__name__}, not {'/'.join(k.__name__ for k in kinds)}")
+        out[name] = value
+    return out
+
+
+_LOCAL = {"local": True}
 
 
 @dataclass(frozen=True)
 class HeldState:
     """One worker ID a worker holds, as its STATE reports it.
 
-    The lease's store may add fields of its own (``store``, ``lease_id``,
+    The lease's store adds fields of its own (``store``, ``lease_id``,
     ``lease_ttl_s``): those travel in ``extra`` and come back out of
     :meth:`to_dict` for STATUS."""
 
@@ -396,37 +426,23 @@ class HeldState:
     token: int | None = None
     last_ms: int | None = None
     reserved_until_ms: int | None = None
-    reservation_headroom_ms: int | float | None = None
+    reservation_headroom_ms: float | None = None
     fence_in_s: float | None = None
     lease_remaining_s: float | None = None
     renewal_failures: int = 0
     renewed_ago_s: float | None = None
     last_renewal_latency_s: float | None = None
-    extra: dict = field(default_factory=dict)
-
-    _KINDS = {
-        "worker_id": (int,),
-        "state": (str,),
-        "token": (int,),
-        "last_ms": (int,),
-        "reserved_until_ms": (int,),
-        "reservation_headroom_ms": _NUMBER,
-        "fence_in_s": _NUMBER,
-        "lease_remaining_s": _NUMBER,
-        "renewal_failures": (int,),
-        "renewed_ago_s": _NUMBER,
-        "last_renewal_latency_s": _NUMBER,
-    }
+    #: The store's own fields, by design not declared here.
+    extra: dict = field(default_factory=dict, metadata=_LOCAL)
 
     @classmethod
     def from_json(cls, obj: object) -> HeldState:
         if not isinstance(obj, dict):
             raise BadState(f"a STATE 'held' entry is {type(obj).__name__}, not an object")
-        known = {name: _get(obj, name, kinds, _default(cls, name)) for name, kinds in cls._KINDS.items()}
-        return cls(**known, extra={k: v for k, v in obj.items() if k not in cls._KINDS})
+        return cls(**_read(cls, obj), extra={k: v for k, v in obj.items() if k not in cls._WIRE})
 
     def to_dict(self) -> dict:
-        out = {name: getattr(self, name) for name in self._KINDS}
+        out = {name: getattr(self, name) for name in self._WIRE}
         return {**out, **self.extra}
 
 
@@ -434,10 +450,13 @@ class HeldState:
 class WorkerState:
     """What a worker reports in every STATE frame (its heartbeat, and on every change).
 
-    Read by the router (rotation, room, STATUS), the metrics (counters, step-back
-    and minting-time histograms, gauges) and, through STATUS, ``snowfence status``. A field missing
-    from the JSON takes its default; a field of the wrong type makes the whole
-    payload a :class:`BadState`."""
+    Written by the worker's core, read by the router (rotation, room, STATUS),
+    the metrics (counters, step-back and minting-time histograms, gauges) and,
+    through STATUS, ``snowfence status``. A field missing from the JSON takes
+    its default; a field of the wrong type makes the whole payload a
+    :class:`BadState`; a key this version does not know (a worker of another
+    version) is named in ``unknown``, for the reader to count and log, and the
+    rest is read."""
 
     slot: int = -1
     pid: int = 0
@@ -459,7 +478,7 @@ class WorkerState:
     #: The kernel's view of the wall clock (``synchronized``, ``max_error_s``, ``est_error_s``, ``state``).
     kernel_clock: dict | None = None
     #: How far the wall clock is ahead after a forward jump.
-    clock_ahead_ms: int | float = 0
+    clock_ahead_ms: float = 0
     #: Worker IDs the store passed over when claiming: ``worker_id`` and ``reason`` each.
     passed_over: list = field(default_factory=list)
     #: What the store forgot or went back on, by the node's journal: claims are refused until a restore is accepted.
@@ -467,29 +486,14 @@ class WorkerState:
     #: Minting times by request kind: ``le`` bucket bounds (ns), and per kind in
     #: ``kinds`` its ``counts`` (one per bucket, then the overflow) and ``sum_ns``.
     mint_ns: dict | None = None
-
-    _KINDS = {
-        "slot": (int,),
-        "pid": (int,),
-        "state": (str,),
-        "ready": (bool,),
-        "ready_ids": (int,),
-        "credits": (int,),
-        "reason": (str,),
-        "counters": (dict,),
-        "step_back_ms": (dict,),
-        "kernel_clock": (dict,),
-        "clock_ahead_ms": _NUMBER,
-        "passed_over": (list,),
-        "store_problem": (str,),
-        "mint_ns": (dict,),
-    }
+    #: Keys of the payload this version does not know (not on the wire).
+    unknown: tuple[str, ...] = field(default=(), metadata=_LOCAL)
 
     @classmethod
     def from_json(cls, obj: object) -> WorkerState:
         if not isinstance(obj, dict):
             raise BadState(f"a STATE payload is {type(obj).__name__}, not an object")
-        known = {name: _get(obj, name, kinds, _default(cls, name)) for name, kinds in cls._KINDS.items()}
+        known = _read(cls, obj)
         for key, value in known["counters"].items():
             if isinstance(value, bool) or not isinstance(value, _NUMBER):
                 raise BadState(f"STATE counter {key!r} is {type(value).__name__}, not a number")
@@ -506,15 +510,18 @@ class WorkerState:
             raise BadState("STATE field 'mint_ns' is not histograms by kind (le, kinds: counts, sum_ns)")
         if not all(isinstance(p, dict) and isinstance(p.get("worker_id"), int) for p in known["passed_over"]):
             raise BadState("STATE field 'passed_over' is not a list of objects with a worker_id")
-        held = obj.get("held") or []
-        if not isinstance(held, list):
-            raise BadState(f"STATE field 'held' is {type(held).__name__}, not a list")
-        return cls(**known, held=tuple(HeldState.from_json(h) for h in held))
+        known["held"] = tuple(HeldState.from_json(h) for h in known["held"])
+        unknown = tuple(sorted(k for k in obj if k not in cls._WIRE))
+        return cls(**known, unknown=unknown)
 
     def to_dict(self) -> dict:
-        out = {name: getattr(self, name) for name in self._KINDS}
+        out = {name: getattr(self, name) for name in self._WIRE}
         out["held"] = [h.to_dict() for h in self.held]
         return out
+
+
+HeldState._WIRE = _wire(HeldState)
+WorkerState._WIRE = _wire(WorkerState)
 
 
 def _is_numbers(value: object) -> bool:
@@ -538,10 +545,8 @@ def _is_histograms(value: dict) -> bool:
     )
 
 
-def encode_state(status: WorkerState | dict) -> bytes:
-    if isinstance(status, WorkerState):
-        status = status.to_dict()
-    return b"\x11" + orjson.dumps(status)
+def encode_state(status: WorkerState) -> bytes:
+    return b"\x11" + orjson.dumps(status.to_dict())
 
 
 def decode_state(frame: bytes) -> WorkerState:

@@ -42,7 +42,7 @@ def report(**kinds: latency.Durations) -> dict:
 
 
 def state(mint_ns: dict) -> protocol.WorkerState:
-    return protocol.decode_state(protocol.encode_state({"mint_ns": mint_ns}))
+    return protocol.decode_state(protocol.encode_state(protocol.WorkerState(mint_ns=mint_ns)))
 
 
 def test_the_broker_adds_up_each_workers_increments_across_restarts():

@@ -107,7 +107,7 @@ def test_internal_frames_carry_the_client_address_and_request():
     refused = p.encode_refused(0, addr, body, err)
     meta, a, rest = p.split_routed(refused)
     assert (meta, a) == (0, addr) and p.split_refused(rest) == (body, err)
-    assert p.decode_state(p.encode_state({"ready": True})).ready is True
+    assert p.decode_state(p.encode_state(p.WorkerState(ready=True))).ready is True
 
 
 # -- the hot path's shortcut: only exactly-right frames ---------------------------------------------

@@ -19,6 +19,11 @@ from snowfence.config import Config
 _names = itertools.count()
 
 
+def state_frame(payload: dict) -> bytes:
+    """A STATE frame as a worker of any version might send it."""
+    return bytes((protocol.STATE,)) + orjson.dumps(payload)
+
+
 # -- the fair queue alone ----------------------------------------------------------------
 
 
@@ -111,7 +116,7 @@ class Rig:
             "credits": credits or self.config.worker_credits,
             "held": [],
         }
-        w.send(protocol.encode_state(status))
+        w.send(state_frame(status))
         self.pump()
         return w
 
@@ -262,7 +267,7 @@ def test_a_silent_workers_requests_stop_counting_against_their_connection_once(r
     assert not r.router.rotation
     assert r.router.active_connections() == 0  # its four requests no longer count
     # It speaks again and answers the old requests: they must not be counted off twice.
-    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": True, "ready_ids": 1, "credits": 8}))
+    w.send(state_frame({"slot": 0, "pid": 1000, "ready": True, "ready_ids": 1, "credits": 8}))
     r.pump()
     r.ask(c, 1, n=4)
     for work in held:
@@ -276,7 +281,7 @@ def test_requests_waiting_when_every_worker_leaves_rotation_are_answered_not_kep
     w, c = r.worker(0), r.client()
     r.ask(c, 4096, n=5)
     assert len(r.router.fair) == 4
-    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": False, "credits": 32, "reason": "fenced"}))
+    w.send(state_frame({"slot": 0, "pid": 1000, "ready": False, "credits": 32, "reason": "fenced"}))
     r.pump()
     codes = [rep.error.code for rep in r.replies(c)]
     assert len(codes) == 4 and set(codes) == {"unavailable"}
@@ -303,7 +308,7 @@ def test_a_refused_request_is_retried_on_another_worker_before_its_turn_comes_ag
     meta, addr, body = sent0[0]
     err = protocol.encode_error(protocol.request_id_of(body), protocol.from_code("fenced"))
     # As a real worker does: leave rotation, then refuse.
-    w0.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": False, "credits": 32, "reason": "fenced"}))
+    w0.send(state_frame({"slot": 0, "pid": 1000, "ready": False, "credits": 32, "reason": "fenced"}))
     w0.send(protocol.encode_refused(meta, addr, body, err))
     r.pump()
     r.answer(w1, sent1[0])
@@ -380,7 +385,7 @@ def test_a_refusal_with_no_worker_left_in_rotation_goes_straight_to_the_client(r
     w, c = r.worker(0), r.client()
     r.ask(c, 1)
     [work] = r.work(w)
-    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": False, "credits": 32, "reason": "fenced"}))
+    w.send(state_frame({"slot": 0, "pid": 1000, "ready": False, "credits": 32, "reason": "fenced"}))
     refuse(r, w, work, "fenced")
     [rep] = r.replies(c)
     assert rep.error.code == "fenced"
@@ -424,7 +429,7 @@ def test_a_silent_worker_is_forgotten_after_three_timeouts_and_registers_again_w
     for step in range(5, 11):  # 5 s: more than three timeouts
         r.router.tick(seen_ns + step * int(0.5e9))
     assert r.router.links == {}
-    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": True, "ready_ids": 1, "credits": 32}))
+    w.send(state_frame({"slot": 0, "pid": 1000, "ready": True, "ready_ids": 1, "credits": 32}))
     r.pump()
     assert [link.slot for link in r.router.rotation] == [0] and not r.router.links[b"w0"].silent
 
@@ -480,7 +485,7 @@ def test_a_worker_silent_while_its_process_lives_keeps_what_it_owes_and_its_late
         r.router.tick(seen_ns + step * int(0.5e9))
     assert b"w0" in r.router.links and not r.router.rotation  # kept: its process lives
     assert r.router.active_connections() == 0
-    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": True, "ready_ids": 1, "credits": 8}))
+    w.send(state_frame({"slot": 0, "pid": 1000, "ready": True, "ready_ids": 1, "credits": 8}))
     r.pump()
     r.ask(c, 1, n=2)
     fresh = r.work(w)
@@ -541,7 +546,7 @@ def test_a_request_answered_without_a_worker_is_not_timed(rig):
     r = rig(worker_credits=1)
     w, c = r.worker(0), r.client()
     r.ask(c, 1, n=3)
-    w.send(protocol.encode_state({"slot": 0, "pid": 1000, "ready": False, "credits": 1, "reason": "fenced"}))
+    w.send(state_frame({"slot": 0, "pid": 1000, "ready": False, "credits": 1, "reason": "fenced"}))
     r.pump()
     assert [rep.error.code for rep in r.replies(c)] == ["unavailable", "unavailable"]
     assert r.router.queued_ns[0].count == 1  # only the one sent to the worker

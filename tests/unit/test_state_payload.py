@@ -3,6 +3,7 @@ leaves out, and one error (BadState) for anything malformed."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from snowfence import protocol
@@ -33,7 +34,7 @@ def test_a_full_payload_round_trips_and_keeps_the_stores_own_fields():
         "passed_over": [{"worker_id": 3, "reason": "its mark is unreadable"}],
         "mint_ns": {"le": [10, 20], "kinds": {"reserve": {"counts": [1, 0, 2], "sum_ns": 95}}},
     }
-    state = protocol.decode_state(protocol.encode_state(sent))
+    state = protocol.decode_state(b"\x11" + orjson.dumps(sent))
     assert state.pid == 4242 and state.ready_ids == 3 and state.clock_ahead_ms == 1.5
     assert state.passed_over == [{"worker_id": 3, "reason": "its mark is unreadable"}]
     assert state.mint_ns == sent["mint_ns"]
@@ -42,6 +43,29 @@ def test_a_full_payload_round_trips_and_keeps_the_stores_own_fields():
     assert held.extra == {"store": "etcd", "lease_id": "1f"}
     assert held.to_dict()["lease_id"] == "1f" and held.to_dict()["token"] == 9
     assert protocol.decode_state(protocol.encode_state(state)) == state
+
+
+def test_a_key_this_version_does_not_know_is_named_and_the_rest_is_read():
+    """A worker of another version (a package upgraded under a running broker) adds a
+    field: the reader learns its name (the router counts and logs it) and keeps the rest."""
+    state = protocol.decode_state(b'\x11{"ready": true, "ready_ids": 2, "zeta": 1, "alpha": {}}')
+    assert state.ready is True and state.ready_ids == 2
+    assert state.unknown == ("alpha", "zeta")
+    assert "unknown" not in state.to_dict() and "zeta" not in state.to_dict()
+
+
+def test_the_stores_own_held_fields_are_not_unknown_keys():
+    state = protocol.decode_state(b'\x11{"held": [{"worker_id": 1, "store": "etcd", "lease_ttl_s": 10}]}')
+    assert state.unknown == () and state.held[0].extra == {"store": "etcd", "lease_ttl_s": 10}
+
+
+def test_each_fields_type_is_declared_once_by_its_annotation():
+    """What a field admits on the wire comes from its annotation: a new field needs no second declaration."""
+    wire = {name: kinds for name, (_, kinds) in WorkerState._WIRE.items()}
+    assert wire["pid"] == (int,) and wire["ready"] == (bool,) and wire["clock_ahead_ms"] == (int, float)
+    assert wire["held"] == (list,) and wire["reason"] == (str,) and "unknown" not in wire
+    assert {name for name, (_, kinds) in HeldState._WIRE.items()} >= {"worker_id", "fence_in_s"}
+    assert "extra" not in HeldState._WIRE
 
 
 @pytest.mark.parametrize(
@@ -90,7 +114,7 @@ def test_a_malformed_payload_is_one_bad_state_error(payload):
         (b"[1, 2]", "a STATE payload is list, not an object"),
         (b'{"pid": "1000"}', "STATE field 'pid' is str, not int"),
         (b'{"clock_ahead_ms": "1"}', "STATE field 'clock_ahead_ms' is str, not int/float"),
-        (b'{"held": {"worker_id": 1}}', "STATE field 'held' is dict, not a list"),
+        (b'{"held": {"worker_id": 1}}', "STATE field 'held' is dict, not list"),
         (b'{"held": [7]}', "a STATE 'held' entry is int, not an object"),
         (b'{"counters": {"ids": "many"}}', "STATE counter 'ids' is str, not a number"),
         (

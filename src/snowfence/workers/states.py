@@ -15,7 +15,7 @@ so a client learns the real reason rather than a generic "unavailable".
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..errors import ClockUnsafe, Fenced, ReservationExpired, SnowfenceError, Unavailable
 
@@ -84,6 +84,31 @@ def next_state(
     if reserved_until_ms < now_ms:
         return RESERVING, "waiting for the reservation to be extended"
     return READY, f"worker ID {worker_id} is ready"
+
+
+def state_after_refusal(err: SnowfenceError) -> State | None:
+    """The state a worker ID moves to when its minter refused with ``err``: the
+    refusal tells at once what the next timer tick would find (None: not a
+    refusal about this worker ID)."""
+    if isinstance(err, ReservationExpired):
+        return RESERVING  # the caller also wakes the keeper: extend now
+    if isinstance(err, Fenced):
+        return FENCED
+    if isinstance(err, ClockUnsafe):
+        return CLOCK_UNSAFE
+    return None
+
+
+def process_state(stopping: bool, any_ready: bool, held: Sequence[State]) -> State:
+    """A worker process's own state, as STATE and STATUS show it: stopping, ready
+    if any worker ID it holds is, else its first worker ID's, else claiming."""
+    if stopping:
+        return STOPPING
+    if any_ready:
+        return READY
+    if held:
+        return held[0]
+    return CLAIMING
 
 
 def refusal_for(states: Iterable[str], reasons: Iterable[str] = ()) -> SnowfenceError:

@@ -1,0 +1,583 @@
+"""The worker's core: what a worker process decides, with no socket, signal or clock of its own.
+
+:class:`WorkerCore` holds the worker IDs of one process and answers the broker's
+frames from their minters. Everything it touches from outside comes in through
+its constructor: the lease store, the preference files, the function that sends
+a frame to the broker, the wall clock (for claims), a random source (for the
+claim back-off), the clocks its minters and keepers run on, and how to make a
+minter and a keeper. The process (``workers/main.py``) gives it a DEALER
+socket's send, the host's clocks and real keeper threads; the deterministic
+simulator (``tests/sim``) gives it simulated ones. Both run this code.
+
+The entry points, each taking the monotonic time it is called at:
+
+* :meth:`WorkerCore.handle` -- one frame from the broker (WORK, PING, STOP); a
+  WORK frame is answered at once (the hot path, one direct call);
+* :meth:`WorkerCore.tick` -- the timers: leave when the broker fell silent or
+  went away, the host clock's policies, each held worker ID's state, claims
+  with back-off, and the heartbeat STATE;
+* :meth:`WorkerCore.release_all` -- on the way out;
+* :meth:`WorkerCore.describe` -- the typed :class:`~snowfence.protocol.WorkerState`.
+
+A held worker ID moves through the states of :mod:`snowfence.workers.states`::
+
+      claiming -> waiting -> ready <-> fenced | clock_unsafe | reserving
+                      ^                  |
+                      +---- lease lost --+
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import latency, protocol
+from ..clock import HostClock
+from ..config import Config
+from ..errors import (
+    BadRequest,
+    ConfigError,
+    Refused,
+    SnowfenceError,
+    StateDirError,
+    TokenAhead,
+)
+from ..logs import event
+from .exits import Exit
+from .lease import Keeper, Lease, PreferenceFile, Store, embedded_namespace, node_key
+from .minter import Minter
+from .states import CLOCK_UNSAFE, FENCED, READY, RESERVING, WAITING, State, next_state, process_state, refusal_for
+from .states import state_after_refusal as _state_after_refusal
+
+log = logging.getLogger("snowfence.worker")
+
+#: Timers run at most this often while requests keep the loop busy. The minter
+#: enforces every guard on each call regardless; timers only move rotation.
+TICK_NS = 10_000_000
+#: The claim back-off: the first retry after this long, doubling up to the cap.
+CLAIM_BACKOFF_MIN_S = 0.25
+CLAIM_BACKOFF_MAX_S = 10.0
+
+# Hot path: module-level names, read once.
+_WORK = protocol.WORK
+_split_routed = protocol.split_routed
+_plain_reserve = protocol.plain_reserve
+_encode_reply = protocol.encode_reply
+_encode_block = protocol.encode_block
+#: What every lease describes; the rest of its description is its store's own (STATE's ``extra``).
+_LEASE_FIELDS = frozenset(("worker_id", "token", "reserved_until_ms"))
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """What a held worker ID's minter and keeper read time from, and how the minter sleeps."""
+
+    wall_ns: Callable[[], int] = time.time_ns
+    mono_ns: Callable[[], int] = time.monotonic_ns
+    sleep: Callable[[float], None] = time.sleep
+
+
+class Held:
+    """One worker ID this process holds: its lease, keeper, minter and state."""
+
+    __slots__ = ("lease", "keeper", "minter", "state", "since_ns")
+
+    def __init__(self, lease: Lease, keeper: Keeper, minter: Minter, now_ns: int) -> None:
+        self.lease = lease
+        self.keeper = keeper
+        self.minter = minter
+        self.state: State = WAITING
+        self.since_ns = now_ns
+
+    @classmethod
+    def start(
+        cls,
+        lease: Lease,
+        config: Config,
+        clocks: Clocks,
+        *,
+        on_step_back: Callable[[int, bool], None] | None = None,
+        waits: dict | None = None,
+        on_event: Callable[[str, dict], None] | None = None,
+        loop_ns: Callable[[], int] | None = None,
+        make_minter: Callable[..., Minter] = Minter,
+        make_keeper: Callable[..., Keeper] = Keeper,
+    ) -> Held:
+        """A freshly claimed lease with its minter (minting only above the previous
+        owner's mark) and its keeper (not started: the caller starts it)."""
+        minter = make_minter(
+            config.layout,
+            config.region,
+            lease.worker_id,
+            wall_ns=clocks.wall_ns,
+            mono_ns=clocks.mono_ns,
+            sleep=clocks.sleep,
+            max_step_back_ms=config.max_step_back_ms,
+            on_step_back=on_step_back,
+            waits=waits,
+            clock_policy=config.clock_policy,
+            max_ahead_ms=config.max_ahead_ms,
+        )
+        minter.start_after(lease.claimed_mark_ms)
+        keeper = make_keeper(
+            lease,
+            minter,
+            interval_s=config.keepalive_interval_s,
+            fence_after_s=config.fence_after_s,
+            window_ms=int(config.reservation_window_s * 1000),
+            fence=not config.partition_minting,
+            mono_ns=clocks.mono_ns,
+            on_event=on_event,
+            loop_ns=loop_ns,
+            stall_s=config.loop_stall_s,
+        )
+        return cls(lease, keeper, minter, clocks.mono_ns())
+
+    def describe(self, mono_ns: int) -> protocol.HeldState:
+        minter, keeper, lease = self.minter, self.keeper, self.lease
+        return protocol.HeldState(
+            worker_id=lease.worker_id,
+            state=self.state,
+            token=lease.token,
+            last_ms=minter.last_ms,
+            reserved_until_ms=minter.reserved_until_ms,
+            reservation_headroom_ms=minter.reserved_until_ms - minter.now_ms(),
+            fence_in_s=None if not lease.expires else round((minter.fence_deadline_ns - mono_ns) / 1e9, 3),
+            lease_remaining_s=lease.remaining_s(),
+            renewal_failures=keeper.failures,
+            renewed_ago_s=None
+            if keeper.last_renewal_ns is None
+            else round((mono_ns - keeper.last_renewal_ns) / 1e9, 3),
+            last_renewal_latency_s=keeper.last_renewal_latency_s,
+            extra={k: v for k, v in lease.describe().items() if k not in _LEASE_FIELDS},
+        )
+
+
+def preference_files(config: Config, slot: int) -> list[PreferenceFile]:
+    """The files that remember which worker ID each of a slot's leases claimed last."""
+    namespace = embedded_namespace(config.region) if config.embedded else f"etcd-{config.cluster}-r{config.region}"
+    namespace += "/" + node_key(config.bind)  # never shared by two nodes on one state directory
+    return [
+        PreferenceFile(config.state_dir, namespace, f"slot-{slot}" + (f"-{i}" if i else ""))
+        for i in range(config.ids_per_worker)
+    ]
+
+
+def boot_failed(exc: ConfigError) -> Exit:
+    """Log a reason to stop that a restart will not fix; the exit status that tells the
+    supervisor to halt the node (a state directory it cannot use, or a bad configuration)."""
+    event(log, "boot_failed", str(exc), level=logging.ERROR)
+    return Exit.CANTCREAT if isinstance(exc, StateDirError) else Exit.CONFIG
+
+
+def _emit(name: str, fields: dict) -> None:
+    event(log, name, level=logging.WARNING, **fields)
+
+
+class WorkerCore:
+    """The decisions of one worker process. See the module's docstring for its entry points."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        slot: int,
+        pid: int,
+        holder: str,
+        store: Store,
+        preferences: list[PreferenceFile],
+        send: Callable[[bytes], object],
+        host_clock: HostClock,
+        now_ns: int,
+        clocks: Clocks = Clocks(),
+        rng: random.Random | None = None,
+        loop_ns: Callable[[], int] | None = None,
+        make_minter: Callable[..., Minter] = Minter,
+        make_keeper: Callable[..., Keeper] = Keeper,
+    ) -> None:
+        self.config = config
+        self.slot = slot
+        self.pid = pid
+        self.holder = holder
+        self.store = store
+        self.preferences = preferences
+        self.send = send
+        self.host_clock = host_clock
+        self.clocks = clocks
+        self.rng = rng or random.Random()
+        self.make_minter = make_minter
+        self.make_keeper = make_keeper
+        #: When the loop last turned, as the keepers see it (a stalled loop lets its worker IDs go).
+        self.loop_ns = loop_ns or (lambda: self.last_tick_ns)
+        self.ids_wanted = config.ids_per_worker
+        self.layout = config.layout
+        self.window_ms = int(config.reservation_window_s * 1000)
+        self._heartbeat_ns = int(config.heartbeat_interval_s * 1e9)
+        self._silence_ns = int(config.heartbeat_timeout_s * 1e9)
+        self.held: list[Held] = []
+        #: The held worker IDs in the READY state, in rotation for requests.
+        self.ready: list[Held] = []
+        self._rr = 0
+        self.layout_checked = False
+        self.exit_code = Exit.OK
+        self.stopping = False
+        self.reason = "claiming a worker ID"
+        self.next_claim_ns = 0
+        self.claim_backoff_s = CLAIM_BACKOFF_MIN_S
+        self.state_dirty = True
+        self.next_heartbeat_ns = 0
+        self.next_tick_ns = 0
+        self.broker_seen_ns = now_ns
+        self.last_tick_ns = now_ns
+        #: Set by the loop when a frame came in since the last tick.
+        self.heard = False
+        #: Monotonic counts since this process started; the broker turns them into
+        #: Prometheus counters that survive worker restarts.
+        self.counters: collections.Counter = collections.Counter()
+        #: Waits by cause, shared by this process's minters.
+        self.waits = {"step_back": 0, "sequence": 0}
+        #: How long requests took here, by kind (index: has a causal token); in STATE.
+        self.mint_ns = latency.by_kind()
+        self._mono = clocks.mono_ns
+
+    # -- frames from the broker --------------------------------------------------------
+
+    def handle(self, frame: bytes, start_ns: int) -> int:
+        """Act on one frame from the broker, taken off the socket at ``start_ns``
+        (monotonic); returns the monotonic time it was done (``start_ns`` for
+        frames not timed)."""
+        if not frame:
+            return start_ns
+        kind = frame[0]
+        if kind == _WORK:
+            return self.work(frame, start_ns)
+        if kind == protocol.STOP:
+            if not self.stopping:
+                event(log, "stopping", "broker asked to stop; draining")
+            self.stopping = True
+        # PING only proves the broker is alive; unknown kinds are ignored.
+        return start_ns
+
+    def work(self, frame: bytes, start_ns: int) -> int:
+        """Answer one RESERVE; record how long it took (by kind) and return when it was done."""
+        meta, addr, body = _split_routed(frame)
+        plain = _plain_reserve(body)
+        after = None
+        if plain is None:
+            try:
+                request = protocol.decode_request(body)
+                if request.type != protocol.RESERVE:
+                    raise BadRequest("only RESERVE requests reach workers")
+                after = request.after
+                if after is not None and not 0 <= after < (1 << 63):
+                    raise BadRequest(f"causal token {after} is not a snowfence ID")
+            except BadRequest as err:
+                self.counters["bad_request"] += 1
+                reply = protocol.encode_error(
+                    protocol.request_id_of(body) if err.request_id is None else err.request_id, err
+                )
+                self.send(protocol.encode_reply(meta, addr, reply))
+                return start_ns  # not a request of any kind
+            plain = request.request_id, request.count
+        request_id, n = plain
+        error: SnowfenceError | None = None
+        while self.ready:  # every refusal takes a worker ID out of self.ready
+            ready = self.ready
+            self._rr = (self._rr + 1) % len(ready)
+            held = ready[self._rr]
+            try:
+                if after is None:
+                    first, count = held.minter.reserve(n)
+                else:
+                    first, count = held.minter.reserve(n, held.minter.floor_after(after))
+            except Refused as err:
+                error = err
+                self.on_refused(held, err)
+                continue
+            except (TokenAhead, BadRequest) as err:
+                # A token too far ahead (every worker here shares this clock: no point
+                # trying another), or one this worker ID's shard cannot sort after.
+                self.counters[err.code] += 1
+                self.send(protocol.encode_reply(meta, addr, protocol.encode_error(request_id, err)))
+                return self._timed(after is not None, start_ns)
+            counters = self.counters
+            counters["requests_ok"] += 1
+            counters["ids"] += count
+            self.send(_encode_reply(meta, addr, _encode_block(request_id, first, count)))
+            done_ns = self._mono()  # what _timed does, without a call on the hot path
+            self.mint_ns[after is not None].observe(done_ns - start_ns)
+            return done_ns
+        if error is None:
+            error = self.not_ready_error()
+        self.counters["refused_" + error.code] += 1
+        self.send_state()  # leave rotation before the broker retries elsewhere
+        self.send(protocol.encode_refused(meta, addr, body, protocol.encode_error(request_id, error)))
+        return self._timed(after is not None, start_ns)
+
+    def _timed(self, has_token: bool, start_ns: int) -> int:
+        """Record the minting time of a request answered (or handed back) just now; returns now."""
+        done_ns = self._mono()
+        self.mint_ns[has_token].observe(done_ns - start_ns)
+        return done_ns
+
+    def not_ready_error(self) -> SnowfenceError:
+        return refusal_for((h.state for h in self.held), (self.reason,))
+
+    def on_refused(self, held: Held, err: Refused) -> None:
+        state = _state_after_refusal(err)
+        if state is RESERVING:
+            held.keeper.wake()  # a forward clock jump outran the window: extend now
+        if state is not None:
+            self.set_state(held, state, str(err))
+
+    # -- states -------------------------------------------------------------------------
+
+    def set_state(self, held: Held, state: State, reason: str = "") -> None:
+        if held.state == state:
+            return
+        old, held.state = held.state, state
+        held.since_ns = self._mono()
+        alarm = state in (FENCED, CLOCK_UNSAFE)
+        if alarm:
+            self.counters[f"{state}_events"] += 1
+        name = {FENCED: "fenced", CLOCK_UNSAFE: "clock_unsafe", RESERVING: "reservation_expired"}.get(state)
+        if name is None:
+            name = "rejoined" if state == READY and old != WAITING else f"state_{state}"
+        event(
+            log,
+            name,
+            reason or f"worker ID {held.lease.worker_id}: {old} -> {state}",
+            level=logging.WARNING if alarm else logging.INFO,
+            worker_id=held.lease.worker_id,
+            old=str(old),
+            new=str(state),
+        )
+        self.ready = [h for h in self.held if h.state == READY]
+        self.state_dirty = True
+
+    def tick(self, now_ns: int, *, parent_alive: bool = True) -> None:
+        """The timers, at monotonic ``now_ns``. ``parent_alive``: the broker process is still our parent."""
+        self.next_tick_ns = now_ns + TICK_NS
+        if self.heard:
+            self.heard = False
+            self.broker_seen_ns = now_ns
+        if now_ns - self.last_tick_ns > self._silence_ns:
+            # We were paused ourselves (SIGSTOP, a VM freeze); so, probably, was the
+            # broker. Silence we slept through is no evidence it died.
+            self.broker_seen_ns = now_ns
+        self.last_tick_ns = now_ns
+        if not parent_alive:
+            self.stop("orphaned", "the broker is gone; releasing and exiting")
+        elif now_ns - self.broker_seen_ns > self._silence_ns:
+            self.stop("orphaned", "no word from the broker; releasing and exiting")
+        if self.stopping:
+            return
+        self.check_clock(now_ns)
+        for held in list(self.held):
+            self.advance(held, now_ns)
+        while len(self.held) < self.ids_wanted and now_ns >= self.next_claim_ns and not self.stopping:
+            if not self.claim():
+                break
+            now_ns = self._mono()
+        if self.state_dirty or now_ns >= self.next_heartbeat_ns:
+            self.send_state()
+
+    def stop(self, name: str, why: str) -> None:
+        """Leave: drain what is queued, release, exit (logged once)."""
+        if not self.stopping:
+            event(log, name, why, level=logging.WARNING if name == "orphaned" else logging.INFO)
+        self.stopping = True
+
+    def advance(self, held: Held, now_ns: int) -> None:
+        """Move a held worker ID to the state its lease, clock and mark call for."""
+        minter = held.minter
+        if held.keeper.lost is not None:
+            if held.keeper.stalled:
+                self.counters["loop_stalls"] += 1
+            self.drop(held, f"lease lost: {held.keeper.lost}")
+            return
+        if minter.clock_unsafe:
+            minter.clock_recovered()  # clears the flag once the clock has passed last_ms
+        state, reason = next_state(
+            worker_id=held.lease.worker_id,
+            renewals=held.keeper.renewals,
+            mono_ns=now_ns,
+            fence_deadline_ns=minter.fence_deadline_ns,
+            clock_veto=self.host_clock.veto,
+            clock_unsafe=minter.clock_unsafe,
+            now_ms=minter.now_ms(),
+            mark_ms=held.lease.claimed_mark_ms,
+            reserved_until_ms=minter.reserved_until_ms,
+        )
+        self.set_state(held, state, reason)
+
+    def check_clock(self, now_ns: int) -> None:
+        """Host-clock policies beyond the minter: forward jumps, the kernel's error bound."""
+        jumped, changed = self.host_clock.check(now_ns)
+        if jumped:
+            self.counters["forward_jumps"] += 1
+        if changed:
+            if self.host_clock.veto:
+                self.reason = self.host_clock.veto
+            elif self.held:
+                self.reason = self._holding()
+            self.state_dirty = True
+
+    def _holding(self) -> str:
+        return f"holding worker ID {', '.join(str(h.lease.worker_id) for h in self.held)}"
+
+    def send_state(self) -> None:
+        now_ns = self._mono()
+        self.next_heartbeat_ns = now_ns + self._heartbeat_ns
+        self.state_dirty = False
+        self.send(protocol.encode_state(self.describe(now_ns)))
+
+    def describe(self, now_ns: int) -> protocol.WorkerState:
+        host_clock = self.host_clock
+        store = self.store
+        journal = getattr(store, "journal", None)
+        return protocol.WorkerState(
+            slot=self.slot,
+            pid=self.pid,
+            state=process_state(self.stopping, bool(self.ready), [h.state for h in self.held]),
+            ready=bool(self.ready) and not self.stopping,
+            ready_ids=len(self.ready),
+            credits=self.config.worker_credits,
+            reason=self.reason,
+            held=tuple(h.describe(now_ns) for h in self.held),
+            counters={**self.counters, **{f"waits_{k}": v for k, v in self.waits.items()}},
+            step_back_ms=host_clock.step_backs.to_dict(),
+            kernel_clock=host_clock.kernel_clock.to_dict() if host_clock.kernel_clock else None,
+            clock_ahead_ms=host_clock.ahead_ms,
+            passed_over=[
+                {"worker_id": w, "reason": why}
+                for w, why in sorted((store.passed_over if store is not None else {}).items())
+            ],
+            store_problem=journal.problem if journal is not None else None,
+            mint_ns=latency.report(self.mint_ns),
+        )
+
+    # -- leases -------------------------------------------------------------------------
+
+    def boot_failed(self, exc: ConfigError) -> None:
+        """A reason to stop that a restart will not fix: the supervisor halts the node."""
+        self.exit_code = boot_failed(exc)
+        self.stopping = True
+
+    def claim(self) -> bool:
+        """Try to claim one more worker ID; False (and a back-off) if none could be."""
+        index = len(self.held)
+        now_ms = self.clocks.wall_ns() // 1_000_000 - self.layout.epoch_ms
+        try:
+            if not self.layout_checked:
+                self.store.check_layout(self.layout)
+                self.layout_checked = True
+            preferred = self.preferences[index].read()
+            lease = self.store.claim(preferred, self.holder, now_ms, max_ahead_ms=self.window_ms + 2000)
+        except ConfigError as exc:
+            self.boot_failed(exc)
+            return False
+        except SnowfenceError as exc:
+            lease, why = None, str(exc)
+        else:
+            why = f"every worker ID of region {self.config.region} is taken"
+        if lease is None:
+            self.reason = f"cannot claim a worker ID: {why}; retrying in {self.claim_backoff_s:.2f} s"
+            event(log, "claim_failed", self.reason, level=logging.WARNING, region=self.config.region)
+            delay = self.claim_backoff_s * self.rng.uniform(0.8, 1.2)
+            self.next_claim_ns = self._mono() + int(delay * 1e9)
+            # Capped well below the lease TTL, so a standby takes over a dead node's
+            # worker IDs soon after their leases lapse.
+            cap = min(CLAIM_BACKOFF_MAX_S, self.config.lease_ttl_s / 2)
+            self.claim_backoff_s = min(self.claim_backoff_s * 2, cap)
+            self.state_dirty = True
+            return False
+        self.claim_backoff_s = CLAIM_BACKOFF_MIN_S
+        self.counters["claims"] += 1
+        held = Held.start(
+            lease,
+            self.config,
+            self.clocks,
+            on_step_back=self.host_clock.on_step_back,
+            waits=self.waits,
+            on_event=_emit,
+            loop_ns=self.loop_ns,
+            make_minter=self.make_minter,
+            make_keeper=self.make_keeper,
+        )
+        self.held.append(held)
+        self.preferences[index].write(lease.worker_id, lease.token)
+        ahead_ms = lease.claimed_mark_ms - now_ms
+        self.reason = f"holding worker ID {lease.worker_id}"
+        event(
+            log,
+            "claimed",
+            f"claimed worker ID {lease.worker_id} (token {lease.token})",
+            worker_id=lease.worker_id,
+            token=lease.token,
+            mark_ahead_ms=max(ahead_ms, 0),
+        )
+        if ahead_ms > self.window_ms + 1000:
+            event(
+                log,
+                "clock_behind_mark",
+                f"wall clock is {ahead_ms} ms behind the high-water mark of worker ID {lease.worker_id}; "
+                "waiting for it to pass (was the clock set back?)",
+                level=logging.WARNING,
+                worker_id=lease.worker_id,
+                behind_ms=ahead_ms,
+            )
+        held.keeper.start()
+        self.state_dirty = True
+        return True
+
+    def drop(self, held: Held, why: str) -> None:
+        """Forget a lost lease: no release (it is not ours), then claim again."""
+        held.keeper.stop(timeout_s=self.config.etcd_timeout_s * 2)
+        held.lease.abandon()
+        self.counters["leases_lost"] += 1
+        self.held.remove(held)
+        self.ready = [h for h in self.held if h.state == READY]
+        self.reason = why
+        event(
+            log,
+            "reclaiming",
+            f"{why}; claiming a worker ID again",
+            level=logging.WARNING,
+            worker_id=held.lease.worker_id,
+        )
+        self.next_claim_ns = self._mono() + int(CLAIM_BACKOFF_MIN_S * 1e9)
+        self.state_dirty = True
+
+    def release_all(self) -> None:
+        """Stop keepers, lower marks to the last millisecond used, free worker IDs."""
+        for held in self.held:
+            held.keeper.stop(timeout_s=self.config.etcd_timeout_s * 2)
+        for held in self.held:
+            try:
+                if held.keeper.lost is None:
+                    held.lease.release(held.minter.last_ms)
+                    event(
+                        log,
+                        "released",
+                        f"released worker ID {held.lease.worker_id}",
+                        worker_id=held.lease.worker_id,
+                        mark_ms=held.lease.reserved_until_ms,
+                    )
+                else:
+                    held.lease.abandon()
+            except SnowfenceError as exc:
+                event(
+                    log,
+                    "release_failed",
+                    f"could not release worker ID {held.lease.worker_id}: {exc}",
+                    level=logging.WARNING,
+                    worker_id=held.lease.worker_id,
+                )
+                held.lease.abandon()
+        self.held = []
+        self.ready = []
