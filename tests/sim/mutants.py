@@ -217,6 +217,62 @@ MUTANTS = [
         ),
         kinds=("etcd",),
     ),
+    # -- the worker core (workers/core.py), as the simulator runs it
+    Mutant(
+        "dropped-id-left-in-rotation",
+        "the worker core drops a lost worker ID but leaves it in the rotation requests are served from",
+        (
+            Edit(
+                M + "core:WorkerCore.drop",
+                "        self.held.remove(held)\n        self.ready = [h for h in self.held if h.state == READY]\n",
+                "        self.held.remove(held)\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "refusal-left-in-rotation",
+        "a worker ID whose minter refused stays in rotation (the request asks it again)",
+        (
+            Edit(
+                M + "core:WorkerCore.on_refused",
+                "        if state is not None:\n            self.set_state(held, state, str(err))",
+                "        pass",
+            ),
+        ),
+    ),
+    Mutant(
+        "claim-backoff-skipped",
+        "a failed claim is retried at the next turn of the loop, without the back-off",
+        (
+            Edit(
+                M + "core:WorkerCore.claim",
+                "self.next_claim_ns = self._mono() + int(delay * 1e9)",
+                "self.next_claim_ns = self._mono()",
+            ),
+        ),
+    ),
+    Mutant(
+        "release-to-claimed-mark",
+        "the release plan lowers the mark to the one found when claiming, not the last millisecond used",
+        (
+            Edit(
+                M + "core:WorkerCore.release_all",
+                "held.lease.release(held.minter.last_ms)",
+                "held.lease.release(held.lease.claimed_mark_ms)",
+            ),
+        ),
+    ),
+    Mutant(
+        "causal-token-ignored",
+        "the work step mints a request with a causal token as if it had none",
+        (
+            Edit(
+                M + "core:WorkerCore.work",
+                "first, count = held.minter.reserve(n, held.minter.floor_after(after))",
+                "first, count = held.minter.reserve(n)",
+            ),
+        ),
+    ),
     Mutant(
         "journal-floor-ignored",
         "a claim takes the store's mark and forgets the highest mark this node's journal saw",

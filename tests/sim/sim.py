@@ -18,9 +18,14 @@ faults at moments chosen from the schedule's seed. What runs is the real code:
   even inside one process, so several simulated processes have real lock
   semantics.
 
-What is simulated is everything around them: the worker loop of each process
-(its serving, claiming and dropping mirror ``Worker`` in ``workers/main.py``),
-requests, the hosts' clocks, the network to etcd, and the faults.
+* the real worker core, :class:`~snowfence.workers.core.WorkerCore`, of each
+  process: its rotation of held worker IDs, the work step, claims with back-off,
+  dropping a lost worker ID, the release plan; ``workers/main.py`` adds only the
+  socket, the signals and the loop, which the simulator stands in for (it hands
+  the core its frames and runs its timers as that loop does).
+
+What is simulated is everything around them: requests, the hosts' clocks, the
+network to etcd, and the faults.
 
 Time: one true clock (``World.T``, ns); each host has a monotonic clock running
 at its own rate (drift up to 500 ppm) and a wall clock that can be stepped,
@@ -35,8 +40,10 @@ Invariants, checked at every mint and after every step (see :class:`Checker`).
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import inspect
+import logging
 import os
 import random
 import re
@@ -49,26 +56,18 @@ from types import SimpleNamespace
 
 import orjson
 
+from snowfence import protocol
+from snowfence.clock import HostClock as ClockWatch
 from snowfence.config import Config
-from snowfence.errors import (
-    BadRequest,
-    ClockUnsafe,
-    ConfigError,
-    Fenced,
-    LayoutMismatch,
-    Refused,
-    ReservationExpired,
-    SnowfenceError,
-    StateDirError,
-    TokenAhead,
-)
+from snowfence.errors import BadRequest, LayoutMismatch, Refused, SnowfenceError, StateDirError, TokenAhead
+from snowfence.workers import core as core_mod
 from snowfence.workers import embedded as embedded_mod
 from snowfence.workers import etcd as etcd_mod
 from snowfence.workers import journal as journal_mod
 from snowfence.workers import lease as lease_mod
-from snowfence.workers import states as states_mod
-from snowfence.workers.minter import Minter
-from snowfence.workers.states import READY, State
+from snowfence.workers.core import Clocks, WorkerCore, preference_files
+from snowfence.workers.exits import Exit
+from snowfence.workers.minter import NO_FLOOR, Minter
 
 # The simulated etcd server, shared with the unit tests (run.py runs this file without pytest's path).
 _HARNESS = str(Path(__file__).resolve().parent.parent / "harness")
@@ -170,52 +169,78 @@ class Thread:
         return self.inc == self.proc.inc and self.proc.up
 
 
-class Held:
-    """One worker ID a simulated process holds (as ``Held`` in workers/main.py)."""
+class SimKeeper(lease_mod.Keeper):
+    """The real keeper of one claim, its thread scheduled by the simulator.
 
-    __slots__ = (
-        "lease",
-        "keeper",
-        "minter",
-        "state",
-        "thread",
-        "gen",
-        "sleep_id",
-        "doomed",
-        "doomed_checked",
-        "stopped",
-        "owner",
-    )
+    ``start`` hands :meth:`Keeper.run` (as a generator) to the event loop instead of
+    a thread; ``stop`` is the real one. It also carries what the checker knows of
+    its claim."""
 
-    def __init__(self, lease, keeper, minter, thread) -> None:
-        self.lease = lease
-        self.keeper = keeper
-        self.minter = minter
-        self.state = State.WAITING
-        self.thread = thread
+    def __init__(self, world: World, proc: Proc, lease, minter, **kwargs) -> None:
+        wake = SimWake(world, self)
+        super().__init__(lease, minter, wake_event=wake, **kwargs)
+        minter.sim_keeper = self
+        self.world = world
+        self.proc = proc
+        self.thread = Thread(proc, f"keeper-{lease.worker_id}")
         self.gen = None
         self.sleep_id = 0
         #: Embedded: its lock file was removed underneath; checked: a keeper renewal succeeded since.
         self.doomed = False
         self.doomed_checked = False
         self.stopped = False
+        #: The request that last asked this worker ID to mint.
+        self.asked_in = 0
+        world.counts["claims"] += 1
         #: Which claim of the schedule this is: owners of a worker ID in the order they claimed it.
-        self.owner = 0
+        self.owner = world.counts["claims"]
+
+    def start(self) -> None:
+        w = self.world
+        self.gen = w.keeper_run(self)
+        w.at(w.T, self.thread, w.keeper_step, self.proc, self, 0)
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        self.stopped = True
+        super().stop(timeout_s)
+
+
+class CheckedMinter(Minter):
+    """The real minter, with the checker looking at every call: who may mint at the
+    call's start, and what the call did."""
+
+    __slots__ = ("sim_keeper",)
+
+    def reserve(self, n: int, floor_ms: int = NO_FLOOR) -> tuple[int, int]:
+        k = self.sim_keeper
+        w = k.world
+        checker = w.checker
+        checker.asked(k)
+        before = (self.last_ms, self.seq)
+        stale = checker.stale(k, k.proc.node.clock.mono(), w.T)
+        try:
+            first, count = Minter.reserve(self, n, floor_ms)
+        except (Refused, TokenAhead, BadRequest) as err:
+            checker.refused(k, before, err)
+            raise
+        checker.mint(k.proc, k, stale, first, count)
+        w.note_minted(first)
+        return first, count
 
 
 class SimWake:
     """Stands in for the keeper's threading.Event: ``set`` resumes the keeper now."""
 
-    __slots__ = ("world", "held")
+    __slots__ = ("world", "keeper")
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, keeper: SimKeeper) -> None:
         self.world = world
-        self.held: Held | None = None
+        self.keeper = keeper
 
     def set(self) -> None:
-        h = self.held
-        if h is not None and h.gen is not None and not h.stopped:
-            self.world.wake_keeper(h)
+        k = self.keeper
+        if k.gen is not None and not k.stopped:
+            self.world.wake_keeper(k)
 
     def clear(self) -> None:
         pass
@@ -238,7 +263,8 @@ class Node:
 
 
 class Proc:
-    """One worker process (a slot of a node), across its restarts."""
+    """One worker process (a slot of a node), across its restarts: a real worker core
+    on the host's clocks, and the loop that feeds it."""
 
     def __init__(self, world: World, node: Node, slot: int, config: Config) -> None:
         self.world = world
@@ -249,28 +275,19 @@ class Proc:
         self.up = False
         self.paused_until = 0
         self.pause_in_call = 0
-        self.held: list[Held] = []
-        self.ready: list[Held] = []
-        self.rr = 0
-        self.store = None
-        self.layout_checked = False
-        self.next_claim = 0
-        self.claim_backoff = 0.25
-        #: The worker ID each of the slot's leases held last. Embedded: the real
-        #: preference files (the store reads their tokens to detect a rolled-back
-        #: mark); etcd: in memory (its preference files would need a state directory).
-        self.preferred: list[int | None] = [None] * config.ids_per_worker
-        self.preferences = None
-        if config.embedded:
-            namespace = lease_mod.embedded_namespace(config.region) + "/" + lease_mod.node_key("sim")
-            self.preferences = [
-                lease_mod.PreferenceFile(config.state_dir, namespace, f"slot-{slot}" + (f"-{i}" if i else ""))
-                for i in range(config.ids_per_worker)
-            ]
+        #: The process's core, a new one at every start.
+        self.core: WorkerCore | None = None
         self.loop: Thread | None = None
         self.holder = f"n{node.index}:s{slot}"
-        self.next_tick = 0
-        self.dirty = True
+        self.pid = 1000 + 10 * node.index + slot
+        #: When a tick is due for the core's next claim (true time), if one is scheduled.
+        self.claim_wake: int | None = None
+        #: The last claim this process tried: (incarnation, monotonic ns, failed).
+        self.last_claim: tuple[int, int, bool] | None = None
+
+    @property
+    def held(self) -> list:
+        return self.core.held if self.up and self.core is not None else []
 
     # The minter's and keeper's clocks: the host's, with a pause injectable inside a call.
     def wall_ns(self) -> int:
@@ -424,7 +441,7 @@ class Checker:
     def fail(self, what: str) -> None:
         raise Violation(what)
 
-    def stale(self, h: Held, t0_mono: int, t0_true: int) -> tuple[str, str] | None:
+    def stale(self, h: SimKeeper, t0_mono: int, t0_true: int) -> tuple[str, str] | None:
         """Why an owner must not start a mint now (fenced, or known to be stale), or None.
 
         Judged when the call starts, which is when the minter checks its fence: a
@@ -453,11 +470,11 @@ class Checker:
             return "stale owner minted", "after etcd said its lease is gone"
         if h.doomed_checked:
             return "stale owner minted", "after its lock file was removed and a renewal of its lease succeeded since"
-        if h.keeper.lost is not None:
+        if h.lost is not None:
             return "stale owner minted", "after its keeper found it lost"
         return None
 
-    def mint(self, p: Proc, h: Held, stale: tuple[str, str] | None, first: int, count: int) -> None:
+    def mint(self, p: Proc, h: SimKeeper, stale: tuple[str, str] | None, first: int, count: int) -> None:
         w = self.w
         wid = h.lease.worker_id
         token = h.lease.token
@@ -521,7 +538,43 @@ class Checker:
         if ms > self.max_ms.get(wid, -1):
             self.max_ms[wid] = ms
 
-    def refused(self, h: Held, before: tuple[int, int], err: Exception) -> None:
+    def asked(self, k: SimKeeper) -> None:
+        """The core asks a worker ID to mint: one it still holds, once per request."""
+        w = self.w
+        if k.stopped:
+            self.fail(
+                f"worker ID {k.lease.worker_id} (token {k.lease.token}) was asked to mint after its process "
+                "dropped or released it"
+            )
+        if k.asked_in == w.request_id:
+            self.fail(
+                f"request {w.request_id} asked worker ID {k.lease.worker_id} twice: a worker ID that refused "
+                "stayed in rotation"
+            )
+        k.asked_in = w.request_id
+
+    def answered(self, after: int | None, reply: bytes) -> None:
+        """A block minted for a causal token sorts after it."""
+        if after is None or reply[1] != protocol.BLOCK:
+            return
+        _, first, count = protocol.unpack_block(reply)
+        if first <= after:
+            self.fail(
+                f"a block {first}+{count} answered a request with causal token {after}: it does not sort after it"
+            )
+
+    def claim_tried(self, p: Proc, failed: bool) -> None:
+        """A process that failed to claim asks its store again only after a back-off."""
+        now = p.node.clock.mono()
+        last = p.last_claim
+        if last is not None and last[0] == p.inc and last[2] and now - last[1] < CLAIM_RETRY_MIN_NS:
+            self.fail(
+                f"process {p.holder} asked its store for a worker ID {(now - last[1]) / 1e6:.1f} ms after a "
+                f"failed claim (the back-off is at least {CLAIM_RETRY_MIN_NS / 1e6:.0f} ms)"
+            )
+        p.last_claim = (p.inc, now, failed)
+
+    def refused(self, h: SimKeeper, before: tuple[int, int], err: Exception) -> None:
         m = h.minter
         if (m.last_ms, m.seq) != before:
             self.fail(
@@ -613,6 +666,8 @@ class World:
         self.erased_high: dict[int, int] = {}
         #: Leases a restore of etcd took away: their holders learn it at their next renewal.
         self.restored_leases: set[int] = set()
+        #: Until when (true time) the last restore's claims are left alone (see ``delete_claim``).
+        self.restored_until = 0
         #: Workers that refused to boot on a store whose layout record is gone.
         self.boot_refusals: list[str] = []
         self.config = Config(**self.config_kwargs)
@@ -759,28 +814,49 @@ class World:
         p.up = True
         p.paused_until = 0
         p.pause_in_call = 0
-        p.held, p.ready = [], []
-        p.layout_checked = False
-        p.next_claim = 0
-        p.claim_backoff = 0.25
+        p.claim_wake = None
         p.loop = Thread(p, "loop")
-        window_ms = int(p.config.reservation_window_s * 1000)
+        config = p.config
+        clock = p.node.clock
         if self.kind == "etcd":
-            journal = journal_mod.Journal(p.config.journal_path, "etcd-sim", marks_store_wide=True)
-            store = etcd_mod.EtcdStore(p.config, mono_ns=p.mono_ns, journal=journal, wall_ns=p.node.clock.wall)
+            journal = journal_mod.Journal(config.journal_path, "etcd-sim", marks_store_wide=True)
+            store = etcd_mod.EtcdStore(config, mono_ns=p.mono_ns, journal=journal, wall_ns=clock.wall)
             store._build_client = lambda: FakeClient(
-                self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)], p.config.etcd_timeout_s
+                self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)], config.etcd_timeout_s
             )
         else:
             store = embedded_mod.FileStore(
-                p.config.state_dir,
+                config.state_dir,
                 self.layout,
                 self.region,
-                window_ms=window_ms,
-                wall_ns=p.node.clock.wall,
-                journal=journal_mod.Journal(p.config.journal_path, "embedded"),
+                window_ms=self.window_ms,
+                wall_ns=clock.wall,
+                journal=journal_mod.Journal(config.journal_path, "embedded"),
             )
-        p.store = store
+        store.claim = functools.partial(self.claim, p, store.claim)
+        p.core = WorkerCore(
+            config,
+            slot=p.slot,
+            pid=p.pid,
+            holder=p.holder,
+            store=store,
+            preferences=preference_files(config, p.slot),
+            send=functools.partial(self.from_worker, p),
+            host_clock=ClockWatch(
+                forward_jump_ms=config.forward_jump_ms,
+                refuse_forward_jumps=config.refuse_forward_jumps,
+                max_clock_error_ms=config.max_clock_error_ms,
+                log=SIM_LOG,
+                wall_ns=clock.wall,
+                read_kernel=lambda: None,
+            ),
+            now_ns=clock.mono(),
+            clocks=Clocks(wall_ns=p.wall_ns, mono_ns=p.mono_ns, sleep=p.sleep),
+            rng=self.rng,
+            loop_ns=p.loop_ns,
+            make_minter=CheckedMinter,
+            make_keeper=functools.partial(SimKeeper, self, p),
+        )
         self.at(self.T, p.loop, self.tick, p)
         self.at(self.T + self.rng.randrange(1, 50 * MS), p.loop, self.request, p)
 
@@ -788,236 +864,149 @@ class World:
         """SIGKILL: the kernel drops the file locks; the minters' memory is gone; etcd leases lapse."""
         if not p.up:
             return
+        self.exit(p)
+
+    def exit(self, p: Proc) -> None:
+        """The process is gone: its keepers with it, and (embedded) the kernel drops its locks."""
         for h in p.held:
-            h.stopped = True
+            h.keeper.stopped = True
             if self.kind == "embedded":
                 h.lease.abandon()
-        p.held, p.ready = [], []
         p.up = False
         p.inc += 1
 
     def clean_stop(self, p: Proc) -> None:
-        """SIGTERM: what ``Worker.release_all`` does, then exit."""
+        """SIGTERM: the core's release plan (``WorkerCore.release_all``), then exit."""
         if not p.up:
             return
         if p.paused_until > self.T or p.loop.busy:
             # A stopped process, or one inside a call, would act on SIGTERM later; kill it now instead.
             self.crash(p)
             return
+        self.run_on_loop(p, p.core.release_all)
+        self.exit(p)
+
+    def run_on_loop(self, p: Proc, fn) -> None:
+        """Run ``fn`` now on ``p``'s loop thread (as its signal handler's turn would)."""
         outer = self.current
         self.current = p.loop
         try:
-            for h in p.held:
-                h.stopped = True
-                h.keeper.stop()
-            for h in p.held:
-                try:
-                    if h.keeper.lost is None:
-                        h.lease.release(h.minter.last_ms)
-                    else:
-                        h.lease.abandon()
-                except SnowfenceError:
-                    h.lease.abandon()
+            fn()
         except Died:
             pass
         finally:
             self.current = outer
         self.marks_dirty = True
         self.checker.step()
-        for h in p.held:
-            if self.kind == "embedded":
-                h.lease.abandon()
-        p.held, p.ready = [], []
-        p.up = False
-        p.inc += 1
 
-    # -- the minting loop (mirrors Worker.tick, Worker.work, Worker.claim)
+    # -- the worker loop: what workers/main.py does around the core
     def request(self, p: Proc) -> None:
+        """A WORK frame reaches the process: the core answers it, then the loop runs its timers if due."""
         rng = self.rng
         self.at(self.T + int(rng.expovariate(1 / self.request_gap_ns)) + 1, p.loop, self.request, p)
-        if p.dirty or p.node.clock.mono() >= p.next_tick:
-            self.tick(p)
-        if not p.ready:
-            self.counts["refused"] += 1  # no worker ID here is ready: refused without a minter call
-            return
         n = COUNTS[int(rng.random() * len(COUNTS))]
         after = None
         if self.last_ids and rng.random() < 0.2:
             after = self.last_ids[int(rng.random() * len(self.last_ids))]
-        ready = p.ready
-        while p.ready:
-            ready = p.ready
-            p.rr = (p.rr + 1) % len(ready)
-            h = ready[p.rr]
-            m = h.minter
-            before = (m.last_ms, m.seq)
-            stale = self.checker.stale(h, p.node.clock.mono(), self.T)
-            try:
-                if after is None:
-                    first, count = m.reserve(n)
-                else:
-                    first, count = m.reserve(n, m.floor_after(after))
-            except Refused as err:
-                self.checker.refused(h, before, err)
-                self.counts["refused"] += 1
-                self.on_refused(p, h, err)
-                continue
-            except (TokenAhead, BadRequest) as err:
-                self.checker.refused(h, before, err)
-                self.counts["refused"] += 1
-                return
-            self.checker.mint(p, h, stale, first, count)
-            if len(self.last_ids) < 64:
-                self.last_ids.append(first)
-            else:
-                self.last_ids[rng.randrange(64)] = first
-            return
+        self.request_id += 1
+        self.asked_after = after
+        core = p.core
+        core.heard = True
+        frame = protocol.encode_work(0, b"sim", protocol.encode_reserve(self.request_id & 0xFFFFFFFF, n, after))
+        done_ns = core.handle(frame, p.node.clock.mono())
+        if core.state_dirty or done_ns >= core.next_tick_ns:
+            self.tick(p)
 
-    def on_refused(self, p: Proc, h: Held, err: Refused) -> None:
-        if isinstance(err, ReservationExpired):
-            h.keeper.wake()
-            self.set_state(p, h, State.RESERVING)
-        elif isinstance(err, Fenced):
-            self.set_state(p, h, State.FENCED)
-        elif isinstance(err, ClockUnsafe):
-            self.set_state(p, h, State.CLOCK_UNSAFE)
+    def claim(self, p: Proc, claim, *args, **kwargs):
+        """The store's claim, as the core calls it; the checker sees each attempt."""
+        try:
+            lease = claim(*args, **kwargs)
+        except SnowfenceError:
+            self.checker.claim_tried(p, failed=True)
+            raise
+        self.checker.claim_tried(p, failed=lease is None)
+        return lease
 
-    def set_state(self, p: Proc, h: Held, state: State) -> None:
-        if h.state != state:
-            h.state = state
-            p.ready = [x for x in p.held if x.state == READY]
-            p.dirty = True
+    def from_worker(self, p: Proc, frame: bytes) -> None:
+        """A frame the core sends to its broker."""
+        kind = frame[0]
+        if kind == protocol.REFUSED:
+            self.counts["refused"] += 1
+        elif kind == protocol.REPLY:
+            _, _, reply = protocol.split_routed(frame)
+            if reply[1] == protocol.ERROR:
+                self.counts["refused"] += 1
+            self.checker.answered(self.asked_after, reply)
+
+    def note_minted(self, first: int) -> None:
+        """Keep some minted IDs, as causal tokens for later requests."""
+        if len(self.last_ids) < 64:
+            self.last_ids.append(first)
+        else:
+            self.last_ids[self.rng.randrange(64)] = first
 
     def tick(self, p: Proc) -> None:
-        mono = p.node.clock.mono()
-        p.next_tick = mono + TICK_NS
-        p.dirty = False
-        for h in list(p.held):
-            if h.keeper.lost is not None:
-                self.drop(p, h)
-                continue
-            m = h.minter
-            if m.clock_unsafe:
-                m.clock_recovered()
-            state, _ = states_mod.next_state(
-                worker_id=h.lease.worker_id,
-                renewals=h.keeper.renewals,
-                mono_ns=mono,
-                fence_deadline_ns=m.fence_deadline_ns,
-                clock_veto=None,
-                clock_unsafe=m.clock_unsafe,
-                now_ms=m.now_ms(),
-                mark_ms=h.lease.claimed_mark_ms,
-                reserved_until_ms=m.reserved_until_ms,
-            )
-            self.set_state(p, h, state)
-        while p.up and len(p.held) < p.config.ids_per_worker and mono >= p.next_claim:
-            if not self.claim(p):
-                break
-            mono = p.node.clock.mono()
+        """The core's timers, as the loop runs them (the broker's heartbeats always arrive)."""
+        if p.claim_wake is not None and p.claim_wake <= self.T:
+            p.claim_wake = None
+        core = p.core
+        core.heard = True
+        before = core.counters["claims"], core.next_claim_ns, len(core.held)
+        core.tick(p.node.clock.mono())
+        if (core.counters["claims"], core.next_claim_ns, len(core.held)) != before:
+            self.marks_dirty = True  # a claim was tried (it may write marks), or a worker ID dropped
+        if core.stopping:
+            self.boot_failed(p)
+            return
+        if len(core.held) < core.ids_wanted:
+            # The loop wakes at least every TICK_S; one tick when the next claim is due is the same.
+            t = self.T + int(max(core.next_claim_ns - p.node.clock.mono(), 0) / p.node.clock.rate) + 1
+            if p.claim_wake is None or p.claim_wake > t:
+                p.claim_wake = t
+                self.at(t, p.loop, self.tick, p)
 
-    def drop(self, p: Proc, h: Held) -> None:
-        h.stopped = True
-        h.keeper.stop()
-        h.lease.abandon()
-        p.held.remove(h)
-        p.ready = [x for x in p.held if x.state == READY]
-        p.dirty = True
-        p.next_claim = p.node.clock.mono() + int(0.25 * NS)
-        self.at(self.T + int(0.25 * NS) + 1, p.loop, self.tick, p)
-
-    def claim(self, p: Proc) -> bool:
-        config = p.config
-        index = len(p.held)
-        now_ms = p.node.clock.wall() // MS - self.layout.epoch_ms
-        store = p.store
-        try:
-            if not p.layout_checked:
-                store.check_layout(self.layout)
-                p.layout_checked = True
-            preferred = p.preferences[index].read() if p.preferences else p.preferred[index]
-            lease = store.claim(preferred, p.holder, now_ms, max_ahead_ms=self.window_ms + 2000)
-        except ConfigError as exc:
-            if not (isinstance(exc, LayoutMismatch) or isinstance(exc, StateDirError)) or "is missing" not in str(exc):
-                raise Violation(f"a worker could not boot: {exc}") from None
-            # The layout record was deleted while marks remain: refusing to boot is the
-            # design (the real supervisor halts the node); the operator is to act.
-            self.boot_refusals.append(str(exc))
-            lease = None
-        except SnowfenceError:
-            lease = None
-        self.marks_dirty = True
-        if lease is None:
-            delay = p.claim_backoff * self.rng.uniform(0.8, 1.2)
-            p.next_claim = p.node.clock.mono() + int(delay * NS)
-            p.claim_backoff = min(p.claim_backoff * 2, min(10.0, config.lease_ttl_s / 2))
-            self.at(self.T + int(delay * NS) + 1, p.loop, self.tick, p)
-            return False
-        p.claim_backoff = 0.25
-        minter = Minter(
-            self.layout,
-            self.region,
-            lease.worker_id,
-            wall_ns=p.wall_ns,
-            mono_ns=p.mono_ns,
-            sleep=p.sleep,
-            max_step_back_ms=config.max_step_back_ms,
-            clock_policy=config.clock_policy,
-            max_ahead_ms=config.max_ahead_ms,
-        )
-        minter.start_after(lease.claimed_mark_ms)
-        wake = SimWake(self)
-        keeper = lease_mod.Keeper(
-            lease,
-            minter,
-            interval_s=config.keepalive_interval_s,
-            fence_after_s=config.fence_after_s,
-            window_ms=self.window_ms,
-            fence=not config.partition_minting,
-            mono_ns=p.mono_ns,
-            wake_event=wake,
-            loop_ns=p.loop_ns,
-            stall_s=config.loop_stall_s,
-        )
-        h = Held(lease, keeper, minter, Thread(p, f"keeper-{lease.worker_id}"))
-        self.counts["claims"] += 1
-        h.owner = self.counts["claims"]
-        wake.held = h
-        p.held.append(h)
-        p.dirty = True
-        p.preferred[index] = lease.worker_id
-        if p.preferences:
-            p.preferences[index].write(lease.worker_id, lease.token)
-        h.gen = self.keeper_run(keeper)
-        self.at(self.T, h.thread, self.keeper_step, p, h, 0)
-        return True
+    def boot_failed(self, p: Proc) -> None:
+        """The core refused to go on (exit status 73 or 78): the process exits; its supervisor
+        starts it again later, as an operator would after looking."""
+        core = p.core
+        exc = core.boot_error
+        if core.exit_code == Exit.OK or exc is None:
+            raise Violation(f"a worker stopped with no reason given (exit {core.exit_code})")
+        if not isinstance(exc, (LayoutMismatch, StateDirError)) or "is missing" not in str(exc):
+            raise Violation(f"a worker could not boot: {exc}")
+        # The layout record was deleted while marks remain: refusing to boot is the design
+        # (the real supervisor halts the node); the operator is to act.
+        self.boot_refusals.append(str(exc))
+        core.release_all()
+        self.exit(p)
+        self.at(self.T + self.rng.randrange(NS, 3 * NS), None, self.restart, p)
 
     # -- the keepers
-    def keeper_step(self, p: Proc, h: Held, sleep_id: int) -> None:
-        if h.stopped or h.gen is None or sleep_id != h.sleep_id:
+    def keeper_step(self, p: Proc, k: SimKeeper, sleep_id: int) -> None:
+        if k.stopped or k.gen is None or sleep_id != k.sleep_id:
             return
         # A lock file removed before this step began, and a renewal that succeeds
         # in it: the check missed the removal. (One removed while the renewal
         # runs, after its check, is found by the next.)
-        doomed, renewals = h.doomed, h.keeper.renewals
+        doomed, renewals = k.doomed, k.renewals
         try:
-            delay = next(h.gen)
+            delay = next(k.gen)
         except StopIteration:
-            h.gen = None
+            k.gen = None
             self.marks_dirty = True
             # The loop notices keeper.lost at its next turn (at most TICK_S idle, as in workers/main.py).
             self.at(self.T + self.rng.randrange(1, 50 * MS), p.loop, self.tick, p)
             return
         finally:
             self.marks_dirty = True
-            if doomed and h.keeper.renewals > renewals:
-                h.doomed_checked = True
-        h.sleep_id += 1
-        self.at(self.T + max(int(delay * NS / p.node.clock.rate), 1), h.thread, self.keeper_step, p, h, h.sleep_id)
+            if doomed and k.renewals > renewals:
+                k.doomed_checked = True
+        k.sleep_id += 1
+        self.at(self.T + max(int(delay * NS / p.node.clock.rate), 1), k.thread, self.keeper_step, p, k, k.sleep_id)
 
-    def wake_keeper(self, h: Held) -> None:
-        h.sleep_id += 1
-        self.at(self.T, h.thread, self.keeper_step, h.thread.proc, h, h.sleep_id)
+    def wake_keeper(self, k: SimKeeper) -> None:
+        k.sleep_id += 1
+        self.at(self.T, k.thread, self.keeper_step, k.thread.proc, k, k.sleep_id)
 
     # -- faults
     def schedule_faults(self) -> None:
@@ -1062,11 +1051,12 @@ class World:
         """What the nodes' journals say went back, and the worker IDs they pass over for it."""
         out = []
         for q in self.procs:
-            journal = getattr(q.store, "journal", None) if q.up else None
+            store = q.core.store if q.up else None
+            journal = getattr(store, "journal", None)
             if journal is not None and journal.problem:
                 out.append(journal.problem)
-            if q.up and q.store is not None:
-                out += [why for why in q.store.passed_over.values() if "accept-restore" in why]
+            if store is not None:
+                out += [why for why in store.passed_over.values() if "accept-restore" in why]
         out += self.boot_refusals
         return out
 
@@ -1154,7 +1144,10 @@ class World:
         elif kind == "delete_claim":
             # An operator deletes a held worker ID's claim, and sometimes restarts its holder soon after.
             held = [(q, h) for q in procs for h in q.held]
-            if not held:
+            if not held or T < self.restored_until:
+                # Within a lease TTL of a restore, a restored claim is what keeps others out
+                # until its holder renewed and put its mark back: deleting it by hand then is
+                # the combination RELIABILITY.md writes down as unguarded.
                 return False
             q, h = held[rng.randrange(len(held))]
             self.etcd.delete_key(f"/snowfence/sim/workers/{self.region}/{h.lease.worker_id}")
@@ -1178,7 +1171,7 @@ class World:
             for q in self.procs:
                 for h in q.held:
                     if h.lease.worker_id == wid:
-                        h.doomed = True
+                        h.keeper.doomed = True
         else:  # pragma: no cover
             raise AssertionError(kind)
 
@@ -1198,6 +1191,7 @@ class World:
                 self.forget(wids)
                 lost = etcd.restore(rng.choice(self.snapshots), bump=rng.choice([0, 0, 1000]))
                 self.restored_leases |= lost
+                self.restored_until = self.T + int(self.config.lease_ttl_s * NS)
             elif kind == "delete_layout":
                 return etcd.delete_key(prefix + "layout") or False
             else:
@@ -1276,6 +1270,8 @@ class World:
         rng = self.rng
         self.request_gap_ns = int(rng.choice(REQUEST_GAPS_MS) * MS)
         self.last_ids: list[int] = []
+        self.request_id = 0
+        self.asked_after: int | None = None
         for c in ("refused", "claims"):
             self.counts[c] = 0
         try:
@@ -1288,20 +1284,20 @@ class World:
 
     def close(self) -> None:
         for p in self.procs:
-            for h in p.held:
-                h.stopped = True
-                if self.kind == "embedded":
-                    h.lease.abandon()
-            p.held = []
-            p.up = False
+            if p.up:
+                self.exit(p)
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             shutil.rmtree(self.tmp + "-journal", ignore_errors=True)
             self.tmp = None
 
 
-#: The worker loop's timers run at most this often while requests keep it busy (TICK_NS in workers/main.py).
-TICK_NS = 10_000_000
+#: A process that failed to claim waits at least this long before it asks again (the least of
+#: WorkerCore's back-off, with its jitter): its store is not hammered through an outage.
+CLAIM_RETRY_MIN_NS = int(core_mod.CLAIM_BACKOFF_MIN_S * 0.8 * NS)
+
+#: The cores' log lines (run.py silences logging; under pytest they are captured).
+SIM_LOG = logging.getLogger("snowfence.sim")
 
 #: Keeper.run as a generator; rebuilt by :func:`reload` after a mutant changed the source.
 KEEPER_RUN = keeper_steps_function()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from snowfence.errors import Fenced
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -129,18 +131,20 @@ def _ready_world(kind: str):
     p.config = world.config = sim.Config(**{**world.config_kwargs, "ids_per_worker": 1})
     world.request_gap_ns = 10**12  # requests only when the test makes them
     world.last_ids = []
+    world.request_id = 0
+    world.asked_after = None
     world.counts.update(refused=0, claims=0)
     world.start(p)
     for _ in range(400):
         world.run_until(world.T + 50 * sim.MS)
-        if p.ready:
-            return world, p, p.ready[0]
+        if p.core.ready:
+            return world, p, p.core.ready[0]
     raise AssertionError("the process never became ready")
 
 
 def _mint_now(world, p):
-    """One request from the process's loop, as the simulator makes them (no timer turn first)."""
-    p.dirty, p.next_tick = False, p.node.clock.mono() + 10**12
+    """One request from the process's loop, as the simulator makes them (no timer turn after)."""
+    p.core.state_dirty, p.core.next_tick_ns = False, p.node.clock.mono() + 10**12
     world.current = p.loop
     try:
         world.request(p)
@@ -163,12 +167,13 @@ def test_a_mint_paused_after_its_checks_while_its_lock_file_is_removed_is_judged
         cfg = world.config
         p.pause_in_call = int((cfg.keepalive_interval_s + cfg.reservation_window_s) / 2 * sim.NS)
         lock = Path(world.tmp) / "regions" / str(world.region) / f"worker-{wid}.lock"
-        world.at(world.T + sim.NS, None, lambda: (lock.unlink(), setattr(h, "doomed", True)))
+        world.at(world.T + sim.NS, None, lambda: (lock.unlink(), setattr(h.keeper, "doomed", True)))
         _mint_now(world, p)
         assert world.checker.mints == mints + 1  # it minted, and that is no violation
         assert h.keeper.lost is not None and "lock file" in str(h.keeper.lost)
         before = (h.minter.last_ms, h.minter.seq)
-        with pytest.raises(sim.Fenced):
+        world.request_id += 1  # the next request
+        with pytest.raises(Fenced):
             h.minter.reserve(1)  # the next call, started after the loss, is refused
         assert (h.minter.last_ms, h.minter.seq) == before
     finally:
@@ -183,7 +188,7 @@ def test_a_renewal_that_succeeds_after_the_lock_file_was_removed_is_a_violation(
         h.keeper.lease.check = lambda: None  # the holder no longer re-checks its lock
         lock = Path(world.tmp) / "regions" / str(world.region) / f"worker-{h.lease.worker_id}.lock"
         lock.unlink()
-        h.doomed = True
+        h.keeper.doomed = True
         world.run_until(world.T + 3 * sim.NS)  # keep-alives run, and succeed
         with pytest.raises(sim.Violation, match="a renewal of its lease succeeded since"):
             for _ in range(50):

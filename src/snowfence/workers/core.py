@@ -224,6 +224,8 @@ class WorkerCore:
         self._rr = 0
         self.layout_checked = False
         self.exit_code = Exit.OK
+        #: Why the core refused to go on, if it did (the exit status says which kind).
+        self.boot_error: ConfigError | None = None
         self.stopping = False
         self.reason = "claiming a worker ID"
         self.next_claim_ns = 0
@@ -314,7 +316,8 @@ class WorkerCore:
         if error is None:
             error = self.not_ready_error()
         self.counters["refused_" + error.code] += 1
-        self.send_state()  # leave rotation before the broker retries elsewhere
+        if self.state_dirty:
+            self.send_state()  # leave rotation before the broker retries elsewhere (once: not per refusal)
         self.send(protocol.encode_refused(meta, addr, body, protocol.encode_error(request_id, error)))
         return self._timed(after is not None, start_ns)
 
@@ -466,6 +469,8 @@ class WorkerCore:
     def boot_failed(self, exc: ConfigError) -> None:
         """A reason to stop that a restart will not fix: the supervisor halts the node."""
         self.exit_code = boot_failed(exc)
+        self.boot_error = exc
+        self.reason = str(exc)
         self.stopping = True
 
     def claim(self) -> bool:
