@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from fakeclock import FakeClock
+
 from snowfence import protocol
 from snowfence.clock import HostClock
 from snowfence.config import Config
@@ -158,8 +158,8 @@ def test_failed_claims_back_off_doubling_with_jitter_up_to_half_the_lease_ttl():
     assert len(store.claims) == 7 and store.layout_checks == 1
     # 0.25, 0.5, 1, 2 s and then the cap (half the TTL: 3 s), each within +-20 %.
     expected = [CLAIM_BACKOFF_MIN_S * 2**i for i in range(4)] + [3.0, 3.0]
-    waits = [(b - a) / 1e3 for a, b in zip(store.claims, store.claims[1:])]
-    for wait, want in zip(waits, expected):
+    waits = [(b - a) / 1e3 for a, b in zip(store.claims, store.claims[1:], strict=False)]
+    for wait, want in zip(waits, expected, strict=True):
         assert 0.8 * want - 0.05 <= wait <= 1.2 * want + 0.05, (waits, expected)
     reason = states(sent)[-1].reason
     assert reason.startswith("cannot claim a worker ID:") and "retrying in 3.00 s" in reason
