@@ -62,8 +62,8 @@ from snowfence.errors import (
     StateDirError,
     TokenAhead,
 )
+from snowfence.etcd import store as etcd_mod
 from snowfence.workers import embedded as embedded_mod
-from snowfence.workers import etcd as etcd_mod
 from snowfence.workers import journal as journal_mod
 from snowfence.workers import lease as lease_mod
 from snowfence.workers import states as states_mod
