@@ -402,7 +402,7 @@ def _curve_keys(args: argparse.Namespace) -> None:
         if args.client_key is not None:
             raise ConfigError("--client-key needs --server-key")
         return
-    from .clients.security import Curve
+    from .curve import Curve
 
     try:
         Curve.for_client(args.server_key, args.client_key)

@@ -325,7 +325,7 @@ class ClientBase:
         #: timeout per endpoint, saying that no server answered.
         self.wait_for_server = False
         if server_key is not None:
-            from .security import Curve
+            from ..curve import Curve
 
             #: CURVE settings when the broker encrypts (``server_key``: its public key or certificate file).
             self.curve = Curve.for_client(server_key, client_key)
