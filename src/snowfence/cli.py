@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .broker.supervisor import serve
+    from .broker.main import serve
     from .logs import setup
 
     config = _load_config(args)

@@ -359,10 +359,3 @@ class Supervisor:
                 for p in self.procs
             ],
         }
-
-
-def serve(config: Config) -> int:
-    """Run a node until SIGTERM/SIGINT; the exit status of the broker (see :mod:`snowfence.broker.main`)."""
-    from .main import serve as _serve
-
-    return _serve(config)
