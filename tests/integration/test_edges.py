@@ -404,7 +404,8 @@ def test_serve_on_a_read_only_state_dir_refuses_before_it_says_serving(tmp_path,
 
 @pytest.mark.parametrize("when", ["measuring", "warming up"])
 def test_ctrl_c_during_bench_exits_130_with_what_was_measured_and_no_traceback(nodes, when):
-    from nodes import group_has_live_members, wait_for
+    from leftovers import group_alive
+    from nodes import wait_for
 
     node = nodes.start(workers=1)
     node.wait_ready()
@@ -433,4 +434,4 @@ def test_ctrl_c_during_bench_exits_130_with_what_was_measured_and_no_traceback(n
         assert ids_per_s > 0, out
     else:
         assert not out and err.strip() == "snowfence: interrupted during the warm-up: nothing was measured", err
-    wait_for(lambda: not group_has_live_members(proc.pid), 5, what="the client processes to be gone")
+    wait_for(lambda: not group_alive(proc.pid), 5, what="the client processes to be gone")

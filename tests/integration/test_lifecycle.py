@@ -17,7 +17,8 @@ import tomllib
 
 import orjson
 import pytest
-from nodes import group_has_live_members, wait_for
+from leftovers import group_alive
+from nodes import wait_for
 
 from snowfence.broker import rundir
 
@@ -144,7 +145,7 @@ def test_sighup_stops_the_node_cleanly_and_says_so(nodes, to):
     log = node.log()
     assert "SIGHUP: stopping" in log, log
     assert log.count("event=released") == 2, log  # each worker let go of its worker ID
-    wait_for(lambda: not group_has_live_members(node.pgid), 5, what="the workers to be gone")
+    wait_for(lambda: not group_alive(node.pgid), 5, what="the workers to be gone")
     assert all(not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
                for pid in workers)  # fmt: skip
     assert not run_dirs_of(node), "the run directory is removed"
