@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,16 +47,6 @@ def run_snowfence(*args, env=None, timeout_s: float = 20.0) -> tuple[subprocess.
 
 def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
-
-
-@pytest.fixture
-def taken_port():
-    """A loopback TCP port something else is listening on."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    yield sock.getsockname()[1]
-    sock.close()
 
 
 @pytest.mark.parametrize("kind", ["port in use", "ipc directory missing"])

@@ -186,15 +186,6 @@ def test_check_config_shows_each_setting_with_its_source_and_masks_secrets(tmp_p
     assert not (tmp_path / "never.sock").exists() and not (tmp_path / "not-yet").exists()
 
 
-@pytest.fixture
-def taken_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    yield sock.getsockname()[1]
-    sock.close()
-
-
 def test_check_config_fails_as_serve_would_and_binds_nothing(tmp_path, taken_port):
     (tmp_path / "file").write_text("")
     for args, status, words in (

@@ -21,7 +21,6 @@ from snowfence.errors import ConfigError, EtcdUnavailable, LayoutMismatch, Lease
 from snowfence.etcd.store import EtcdStore
 from snowfence.workers.genesis import Genesis
 from snowfence.workers.lease import Keeper
-from snowfence.workers.minter import Minter
 
 # -- claims and fencing tokens ------------------------------------------------------------------
 
@@ -246,13 +245,19 @@ def test_extend_persists_the_mark_with_its_token_and_holder(etcd):
     assert etcd.claimed() == set() and etcd.mark(1) == NOW_MS + 700
 
 
-def test_an_owner_whose_claim_was_taken_over_cannot_move_the_mark(etcd):
-    store, other = etcd.store(), etcd.store()
-    old = claim(store, preferred=0)
+def taken_over(etcd):
+    """Worker ID 0 claimed and its mark extended; its claim deleted under it, and claimed and
+    extended by another store: (the old lease, the new one)."""
+    old = claim(etcd.store(), preferred=0)
     old.extend(NOW_MS + 100)
     etcd.delete("workers/1/0")
-    new = claim(other, preferred=0, now_ms=NOW_MS + 200)
+    new = claim(etcd.store(), preferred=0, now_ms=NOW_MS + 200)
     new.extend(NOW_MS + 900)
+    return old, new
+
+
+def test_an_owner_whose_claim_was_taken_over_cannot_move_the_mark(etcd):
+    old, new = taken_over(etcd)
     with pytest.raises(LeaseLost, match=f"worker ID 0: its claim carries token {new.token}, not ours"):
         old.extend(NOW_MS + 5000)
     assert old.reserved_until_ms == NOW_MS + 100
@@ -308,12 +313,7 @@ def test_release_with_nothing_reserved_past_the_last_ms_used_writes_no_mark(etcd
 
 
 def test_a_release_after_a_takeover_leaves_the_new_owner_alone(etcd):
-    store, other = etcd.store(), etcd.store()
-    old = claim(store, preferred=0)
-    old.extend(NOW_MS + 100)
-    etcd.delete("workers/1/0")
-    new = claim(other, preferred=0, now_ms=NOW_MS + 200)
-    new.extend(NOW_MS + 900)
+    old, new = taken_over(etcd)
     old.release(NOW_MS + 50)
     assert old.released and old.reserved_until_ms == NOW_MS + 100
     assert etcd.mark(0) == NOW_MS + 900 and etcd.claimed() == {0}
@@ -425,7 +425,7 @@ def test_the_keeper_renews_an_etcd_lease_persists_ahead_and_stops_on_a_takeover(
     lease = claim(store)
     clock = etcd.clock
     layout = store.layout
-    minter = Minter(layout, 1, lease.worker_id, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    minter = clock.minter(layout, 1, lease.worker_id)
     minter.start_after(lease.claimed_mark_ms)
     keeper = Keeper(lease, minter, interval_s=2.0, fence_after_s=5.0, window_ms=5000, mono_ns=clock.mono_ns)
     for _ in range(8):
