@@ -147,3 +147,31 @@ def test_a_run_whose_processes_exit_within_the_grace_period_passes(inner):
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.assert_outcomes(passed=2)
     assert "left things behind" not in result.stdout.str()
+
+
+def test_a_process_group_is_alive_while_a_member_runs_not_once_only_zombies_are_left():
+    import os
+    import signal
+    import time
+
+    from leftovers import group_alive, reap_group
+
+    # The leader exits at once, leaving its child running in the group (reparented).
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!"], stdout=subprocess.PIPE, start_new_session=True)
+    child = int(leader.stdout.readline())
+    leader.stdout.close()
+    try:
+        leader.wait(5)
+        assert group_alive(leader.pid)  # its leader is gone, its child is not
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while group_alive(leader.pid):  # the child may stay a zombie until its new parent reaps it
+            assert time.monotonic() < deadline, "a killed group still counts as alive"
+            time.sleep(0.02)
+    finally:
+        try:
+            os.killpg(leader.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        reap_group(leader.pid)  # this process is the subreaper the child was handed to
+    assert not group_alive(os.getpid() + 10**9)  # no such group

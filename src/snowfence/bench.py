@@ -87,7 +87,7 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     if spec.server_key:
-        from .clients.security import Curve
+        from .curve import Curve
 
         Curve.for_client(spec.server_key, spec.client_key).apply(sock)
     sock.connect(spec.endpoints[index % len(spec.endpoints)])

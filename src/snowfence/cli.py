@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .broker.supervisor import serve
+    from .broker.main import serve
     from .logs import setup
 
     config = _load_config(args)
@@ -402,7 +402,7 @@ def _curve_keys(args: argparse.Namespace) -> None:
         if args.client_key is not None:
             raise ConfigError("--client-key needs --server-key")
         return
-    from .clients.security import Curve
+    from .curve import Curve
 
     try:
         Curve.for_client(args.server_key, args.client_key)
@@ -651,9 +651,8 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
         if store.journal.problem:
             print(f"this host's journal had refused: {store.journal.problem}")
     else:
-        from .workers.etcd import EtcdStore, require_client
+        from .etcd.store import EtcdStore
 
-        require_client()
         store = EtcdStore(config)
         where = f"cluster {config.cluster!r}"
     try:
@@ -669,12 +668,12 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
 
 
 def _read_etcd(config, read):
-    """``read(store)`` on the etcd cluster ``config`` names; etcd not answering is said in plain words."""
-    from .workers.etcd import EtcdStore
+    """``read(cluster)`` on the etcd cluster ``config`` names; etcd not answering is said in plain words."""
+    from .etcd.cluster import Cluster
 
-    store = EtcdStore(config)
+    cluster = Cluster(config)
     try:
-        return read(store)
+        return read(cluster)
     except EtcdUnavailable as exc:
         detail = str(exc).split(" failed: ", 1)[-1]  # what the client said, without which call it was
         raise _Plain(
@@ -682,11 +681,11 @@ def _read_etcd(config, read):
             f"{config.etcd_timeout_s:g} s); is etcd running there, and are the address, TLS files and password right?"
         ) from None
     finally:
-        store.close()
+        cluster.close()
 
 
 def _cluster_status(config, as_json: bool) -> int:
-    entries, members, regions = _read_etcd(config, lambda store: (store.census(), store.nodes(), store.regions()))
+    entries, members, regions = _read_etcd(config, lambda c: (c.census(), c.nodes(), c.regions()))
     epoch = config.layout.epoch_ms
     now_ms = time.time_ns() // 1_000_000 - epoch
     for e in entries:
@@ -732,7 +731,7 @@ def _clusters_status(configs: list, as_json: bool) -> int:
     (their nodes could mint the same IDs), and makes the exit status 1."""
     seen = []
     for config in configs:
-        regions, members = _read_etcd(config, lambda store: (store.regions(), store.nodes()))
+        regions, members = _read_etcd(config, lambda c: (c.regions(), c.nodes()))
         seen.append({"cluster": config.cluster, "etcd": list(config.etcd), "regions": regions, "nodes": members})
     users: dict[int, list[str]] = {}
     for entry in seen:

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import ConfigError
 from .ids import DEFAULT_EPOCH_MS, Layout, parse_epoch
@@ -327,9 +327,9 @@ class Config:
             raise ConfigError("etcd_cert and etcd_key go together")
         if not self.cluster or "/" in self.cluster:
             raise ConfigError(f"cluster must be a non-empty name without '/', got {self.cluster!r}")
-        for url in self.etcd:
-            if not url.startswith(("http://", "https://")) or ":" not in url.split("://", 1)[1]:
-                raise ConfigError(f"etcd endpoint {url!r} must look like http://host:port or https://host:port")
+        members = [etcd_endpoint(url) for url in self.etcd]
+        if any(member.secure for member in members) and not self.etcd_ca:
+            raise ConfigError("https etcd endpoints need etcd_ca (the CA certificate file)")
 
     @property
     def layout(self) -> Layout:
@@ -370,10 +370,11 @@ class Config:
 WORD_SETTINGS = ("log_level", "log_format", "clock_policy")
 
 
-def host_port(text: str) -> tuple[str, int]:
+def host_port(text: str, example: str = "127.0.0.1:9464") -> tuple[str, int]:
     """The (host, port) of a ``HOST:PORT`` setting; an IPv6 host goes in brackets (``[::1]:9464``)
-    and comes back without them; an empty host means every IPv4 interface. ValueError says what is wrong."""
-    brackets = "an IPv6 address goes in brackets, then the port: [::1]:9464"
+    and comes back without them; an empty host means every IPv4 interface. ValueError says what
+    is wrong, with ``example`` for what is right."""
+    brackets = "an IPv6 address goes in brackets, then the port: [::1]:" + example.rpartition(":")[2]
     if text.startswith("["):
         host, closed, rest = text[1:].partition("]")
         if not closed:
@@ -388,10 +389,56 @@ def host_port(text: str) -> tuple[str, int]:
         if ":" in host:
             raise ValueError(brackets)
     if sep != ":":
-        raise ValueError("needs HOST:PORT, e.g. 127.0.0.1:9464 (a port alone names no host to bind)")
+        raise ValueError(f"needs HOST:PORT, e.g. {example} (a port alone names no host)")
     if not (port.isascii() and port.isdigit() and int(port) <= 65535):
         raise ValueError(f"the port must be a number 0..65535, got {port!r}")
     return host, int(port)
+
+
+class EtcdEndpoint(NamedTuple):
+    """An etcd member to connect to."""
+
+    #: As the client library takes it: a name, an IPv4 address, or an IPv6 address in brackets.
+    host: str
+    port: int
+    #: https: TLS, with the CA in ``etcd_ca``.
+    secure: bool
+
+
+def etcd_endpoint(url: str) -> EtcdEndpoint:
+    """The member an etcd endpoint ``http://host:port`` or ``https://host:port`` names.
+
+    The one check of an etcd URL: the config validates every endpoint with it,
+    and the etcd client connects to what it returns. ConfigError says what is
+    wrong. The scheme's case does not matter (RFC 3986), and one trailing ``/``
+    is let pass; anything the client would silently drop is refused: a path, a
+    query, a fragment, and a user name or password in the URL (they go in
+    ``etcd_user`` and ``etcd_password``; a URL is shown in logs and status).
+    """
+
+    def unusable(why: str) -> ConfigError:
+        return ConfigError(f"etcd endpoint {url!r} must look like http://host:port or https://host:port: {why}")
+
+    if not isinstance(url, str) or not url.isprintable() or any(c.isspace() for c in url):
+        raise unusable("it has spaces or control characters")
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("http", "https"):
+        raise unusable("the scheme is http or https")
+    rest = rest.removesuffix("/")
+    if "@" in rest:
+        raise unusable("a user name and password go in etcd_user and etcd_password, not in the URL")
+    if any(c in rest for c in "/?#"):
+        raise unusable("nothing may follow the port (a path, query or fragment would be ignored)")
+    try:
+        host, port = host_port(rest, example="127.0.0.1:2379")
+    except ValueError as exc:
+        raise unusable(str(exc)) from None
+    if not host:
+        raise unusable("it names no host")
+    if not port:
+        raise unusable("port 0 is nobody's port")
+    return EtcdEndpoint(f"[{host}]" if ":" in host else host, port, scheme == "https")
 
 
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_self: str = "/proc/self/cgroup") -> int:

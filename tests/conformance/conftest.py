@@ -133,7 +133,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 pass
             deadline = time.monotonic() + 5
-            while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            while leftovers.group_alive(self.proc.pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
             leftovers.reap_group(self.proc.pid)
             leftovers.remove_stale_run_dirs(self.proc.pid, self.run_dir_bases)
@@ -147,21 +147,6 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _group_alive(pgid: int) -> bool:
-    """True while a non-zombie member of the process group exists."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """The suite's server: 2 workers, embedded mode, default layout; ready when yielded."""
@@ -172,7 +157,7 @@ def server(tmp_path_factory):
         yield srv
     finally:
         srv.kill()
-    assert not _group_alive(srv.proc.pid), "processes of the server outlived SIGKILL of its group"
+    assert not leftovers.group_alive(srv.proc.pid), "processes of the server outlived SIGKILL of its group"
 
 
 @pytest.fixture(scope="session")

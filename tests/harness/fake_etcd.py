@@ -289,7 +289,7 @@ class ServerTime:
 
 
 class DirectClient:
-    """The surface of pyetcd's MultiEndpointEtcd3Client that workers/etcd.py uses, onto a server.
+    """The surface of pyetcd's MultiEndpointEtcd3Client that the etcd package uses, onto a server.
 
     No network and no time passing, but every request is first built by the
     library itself (its protobuf messages), so what it would refuse (a key that

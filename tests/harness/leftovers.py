@@ -108,6 +108,11 @@ def reap_group(pgid: int) -> None:
                 pass
 
 
+def group_alive(pgid: int) -> bool:
+    """True while a member of process group ``pgid`` is running (a zombie is not)."""
+    return any(info["pgid"] == pgid and info["state"] != "Z" for info in _processes().values())
+
+
 def _read_registry(path: str) -> list[dict]:
     try:
         data = Path(path).read_bytes()

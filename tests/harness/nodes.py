@@ -165,11 +165,7 @@ class Node:
     def group_alive(self) -> bool:
         if self.pgid is None:
             return False
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        return group_has_live_members(self.pgid)
+        return leftovers.group_alive(self.pgid)
 
     def log(self) -> str:
         try:
@@ -179,22 +175,6 @@ class Node:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
-
-
-def group_has_live_members(pgid: int) -> bool:
-    """True if a non-zombie process of the group is running."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state != "Z":
-            return True
-    return False
 
 
 #: Lease timing scaled down 2.5x from the defaults, so tests see leases lapse and

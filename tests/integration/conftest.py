@@ -8,6 +8,7 @@ removes the run directory the killed broker left, as its next start would.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,13 @@ def etcd_secure(tmp_path):
     cluster.password = "s3cret"
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def taken_port():
+    """A loopback TCP port something else is listening on."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock.getsockname()[1]
+    sock.close()

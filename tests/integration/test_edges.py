@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,16 +47,6 @@ def run_snowfence(*args, env=None, timeout_s: float = 20.0) -> tuple[subprocess.
 
 def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
-
-
-@pytest.fixture
-def taken_port():
-    """A loopback TCP port something else is listening on."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    yield sock.getsockname()[1]
-    sock.close()
 
 
 @pytest.mark.parametrize("kind", ["port in use", "ipc directory missing"])
@@ -404,7 +393,8 @@ def test_serve_on_a_read_only_state_dir_refuses_before_it_says_serving(tmp_path,
 
 @pytest.mark.parametrize("when", ["measuring", "warming up"])
 def test_ctrl_c_during_bench_exits_130_with_what_was_measured_and_no_traceback(nodes, when):
-    from nodes import group_has_live_members, wait_for
+    from leftovers import group_alive
+    from nodes import wait_for
 
     node = nodes.start(workers=1)
     node.wait_ready()
@@ -433,4 +423,4 @@ def test_ctrl_c_during_bench_exits_130_with_what_was_measured_and_no_traceback(n
         assert ids_per_s > 0, out
     else:
         assert not out and err.strip() == "snowfence: interrupted during the warm-up: nothing was measured", err
-    wait_for(lambda: not group_has_live_members(proc.pid), 5, what="the client processes to be gone")
+    wait_for(lambda: not group_alive(proc.pid), 5, what="the client processes to be gone")

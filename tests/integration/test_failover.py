@@ -16,6 +16,7 @@ twice.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import signal
@@ -76,31 +77,33 @@ class Load(threading.Thread):
         pairs = [(b.first, b.count) for b in blocks or ()]
         self.calls.append(Call(started, time.monotonic(), n, pairs, error))
 
+    def _calls(self):
+        """The count of each call, with when it began, until the load is halted."""
+        for i in itertools.count():
+            if self.halt.is_set():
+                return
+            yield 1000 + i % 97, time.monotonic()
+
+    def _client(self, kind):
+        self.client = kind(self.seed, timeout_s=self.timeout_s, retries=self.retries, region=HOME)
+        self._ready.set()
+        return self.client
+
     def run(self) -> None:
-        if self.kind == "blocking":
-            with Client(self.seed, timeout_s=self.timeout_s, retries=self.retries, region=HOME) as client:
-                self.client = client
-                self._ready.set()
-                for i in range(10**9):
-                    if self.halt.is_set():
-                        return
-                    n, started = 1000 + i % 97, time.monotonic()
-                    try:
-                        self._record(started, n, client.reserve(n))
-                    except SnowfenceError as exc:
-                        self._record(started, n, error=repr(exc))
-                    time.sleep(0.005)
-        else:
+        if self.kind != "blocking":
             uvloop.run(self._run_async())
+            return
+        with self._client(Client) as client:
+            for n, started in self._calls():
+                try:
+                    self._record(started, n, client.reserve(n))
+                except SnowfenceError as exc:
+                    self._record(started, n, error=repr(exc))
+                time.sleep(0.005)
 
     async def _run_async(self) -> None:
-        async with AsyncClient(self.seed, timeout_s=self.timeout_s, retries=self.retries, region=HOME) as client:
-            self.client = client
-            self._ready.set()
-            for i in range(10**9):
-                if self.halt.is_set():
-                    return
-                n, started = 1000 + i % 97, time.monotonic()
+        async with self._client(AsyncClient) as client:
+            for n, started in self._calls():
                 try:
                     self._record(started, n, await client.reserve(n))
                 except SnowfenceError as exc:

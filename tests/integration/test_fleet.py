@@ -191,13 +191,19 @@ def test_a_client_given_one_node_rides_through_its_death_a_rolling_restart_and_u
     assert len(ids) > 100_000
 
 
-def test_bench_given_one_node_spreads_its_clients_over_the_cluster(nodes, etcd):
+def two_nodes_serving(nodes, etcd):
+    """Nodes a and b of one cluster, one worker each, once a lists both in rotation."""
     args = etcd_args(etcd, "test", *FAST_LEASES)
     a, b = (nodes.start(name, workers=1, args=args) for name in "ab")
     for node in (a, b):
         node.wait_ready()
     with Client(a.endpoint, timeout_s=1.0) as c:
         wait_for(lambda: sum(n["in_rotation"] for n in c.nodes()["nodes"]) == 2, 15, what="a to see b serving")
+    return a, b
+
+
+def test_bench_given_one_node_spreads_its_clients_over_the_cluster(nodes, etcd):
+    a, b = two_nodes_serving(nodes, etcd)
     before = {n.name: served(n) for n in (a, b)}
     run = subprocess.run(
         [sys.executable, "-m", "snowfence", "bench", "--connect", a.endpoint, "--duration", "1", "--warmup", "0.2",
@@ -265,12 +271,7 @@ def test_the_asyncio_client_discovers_too(nodes, etcd):
 
     from snowfence import AsyncClient
 
-    args = etcd_args(etcd, "test", *FAST_LEASES)
-    a, b = (nodes.start(name, workers=1, args=args) for name in "ab")
-    for node in (a, b):
-        node.wait_ready()
-    with Client(a.endpoint, timeout_s=1.0) as c:
-        wait_for(lambda: sum(n["in_rotation"] for n in c.nodes()["nodes"]) == 2, 15, what="a to see b serving")
+    a, b = two_nodes_serving(nodes, etcd)
 
     async def main():
         async with AsyncClient(a.endpoint, timeout_s=1.0, retries=10) as client:

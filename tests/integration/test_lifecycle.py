@@ -17,7 +17,8 @@ import tomllib
 
 import orjson
 import pytest
-from nodes import group_has_live_members, wait_for
+from leftovers import group_alive
+from nodes import wait_for
 
 from snowfence.broker import rundir
 
@@ -144,7 +145,7 @@ def test_sighup_stops_the_node_cleanly_and_says_so(nodes, to):
     log = node.log()
     assert "SIGHUP: stopping" in log, log
     assert log.count("event=released") == 2, log  # each worker let go of its worker ID
-    wait_for(lambda: not group_has_live_members(node.pgid), 5, what="the workers to be gone")
+    wait_for(lambda: not group_alive(node.pgid), 5, what="the workers to be gone")
     assert all(not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
                for pid in workers)  # fmt: skip
     assert not run_dirs_of(node), "the run directory is removed"
@@ -183,15 +184,6 @@ def test_check_config_shows_each_setting_with_its_source_and_masks_secrets(tmp_p
     assert doc["settings"]["etcd_password"]["value"] == "***" and doc["warnings"] == []
     # Nothing bound, nothing written.
     assert not (tmp_path / "never.sock").exists() and not (tmp_path / "not-yet").exists()
-
-
-@pytest.fixture
-def taken_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    yield sock.getsockname()[1]
-    sock.close()
 
 
 def test_check_config_fails_as_serve_would_and_binds_nothing(tmp_path, taken_port):

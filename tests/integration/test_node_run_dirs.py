@@ -12,7 +12,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from nodes import group_has_live_members, wait_for
+from leftovers import group_alive
+from nodes import wait_for
 
 from snowfence.broker import rundir
 
@@ -46,7 +47,7 @@ def test_a_node_killed_with_sigkill_leaves_one_run_directory_after_its_restart(n
     assert owner(killed)["start_ticks"] == rundir.start_ticks(first.pid)
     os.killpg(first.pgid, signal.SIGKILL)
     first.proc.wait(10)
-    wait_for(lambda: not group_has_live_members(first.pgid), 10, what="the killed node's workers to exit")
+    wait_for(lambda: not group_alive(first.pgid), 10, what="the killed node's workers to exit")
     assert run_dirs(base) == [killed], "SIGKILL leaves the run directory behind"
     # A directory naming a live process that is not its owner (the PID was reused).
     me = rundir.start_ticks(os.getpid())

@@ -90,7 +90,7 @@ MUTANTS = [
         "etcd: a release lowers the mark below the last millisecond used",
         (
             Edit(
-                M + "etcd:EtcdLease.release",
+                "snowfence.etcd.store:EtcdLease.release",
                 "max(last_used_ms, self.claimed_mark_ms)",
                 "max(last_used_ms - 1, self.claimed_mark_ms)",
             ),
@@ -127,7 +127,7 @@ MUTANTS = [
         "etcd: extending the mark is not guarded by the fencing token",
         (
             Edit(
-                M + "etcd:EtcdLease._write",
+                "snowfence.etcd.store:EtcdLease._write",
                 "if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]",
                 "if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]\n"
                 "        if until_ms is not None:\n"
@@ -142,7 +142,7 @@ MUTANTS = [
     Mutant(
         "unguarded-release",
         "etcd: a release (lower the mark, delete the claim) is not guarded by the fencing token",
-        (Edit(M + "etcd:EtcdLease._release", "compare=self._guard()", "compare=[]"),),
+        (Edit("snowfence.etcd.store:EtcdLease._release", "compare=self._guard()", "compare=[]"),),
         kinds=("etcd",),
     ),
     Mutant(
@@ -210,7 +210,7 @@ MUTANTS = [
         "etcd: a renewal checks the lease but not that the claim and the mark are still the holder's",
         (
             Edit(
-                M + "etcd:EtcdLease._guard",
+                "snowfence.etcd.store:EtcdLease._guard",
                 "return [tx.create(self.claim_key) == self.token, tx.mod(self.mark_key) == self.mark_rev]",
                 "return []",
             ),
@@ -347,8 +347,8 @@ def apply(mutant: Mutant) -> None:
         exec(code, module.__dict__, namespace)
         new_fn = namespace[name]
         if getattr(fn, "__wrapped__", None) is not None:
-            # Wrapped after its body (workers/etcd.py's `name = _etcd_call(name)`): so is the mutant.
-            new_fn = module._etcd_call(new_fn)
+            # Wrapped after its body (etcd/store.py's `name = etcd_call(name)`): so is the mutant.
+            new_fn = module.etcd_call(new_fn)
         replacements.append((holder, name, new_fn, new_src))
     for holder, name, new_fn, new_src in replacements:
         sim.SOURCES[new_fn] = new_src

@@ -9,7 +9,7 @@ faults at moments chosen from the schedule's seed. What runs is the real code:
   into a generator by following each ``self._sleep(x)`` with ``yield x`` (so its
   retry, back-off, stall and lease-lost decisions are the real ones), and the
   simulator resumes it when the sleep is over or when ``wake()`` is called;
-* the real stores: :class:`~snowfence.workers.etcd.EtcdStore` and ``EtcdLease``
+* the real stores: :class:`~snowfence.etcd.store.EtcdStore` and ``EtcdLease``
   talking to a simulated etcd through a fake of the small client surface they use
   (``transaction`` with compares on ``create_revision``, lease grant, keep-alive,
   revoke, ``get_prefix``), built from the client library's own compare and
@@ -60,9 +60,9 @@ from snowfence import protocol
 from snowfence.clock import HostClock as ClockWatch
 from snowfence.config import Config
 from snowfence.errors import BadRequest, LayoutMismatch, Refused, SnowfenceError, StateDirError, TokenAhead
+from snowfence.etcd import store as etcd_mod
 from snowfence.workers import core as core_mod
 from snowfence.workers import embedded as embedded_mod
-from snowfence.workers import etcd as etcd_mod
 from snowfence.workers import journal as journal_mod
 from snowfence.workers import lease as lease_mod
 from snowfence.workers.core import Clocks, WorkerCore, preference_files
@@ -313,7 +313,7 @@ class Proc:
 
 
 class FakeClient:
-    """The surface of pyetcd's MultiEndpointEtcd3Client that workers/etcd.py uses.
+    """The surface of pyetcd's MultiEndpointEtcd3Client that snowfence/etcd uses.
 
     Every call goes to the member ``_current_endpoint_label`` names, through this
     node's network: a member that is down refuses at once, one cut off or without

@@ -26,7 +26,8 @@ import sim  # noqa: E402
 
 from snowfence.config import Config  # noqa: E402
 from snowfence.errors import SnowfenceError  # noqa: E402
-from snowfence.workers.etcd import EtcdStore  # noqa: E402
+from snowfence.etcd.cluster import Cluster  # noqa: E402
+from snowfence.etcd.store import EtcdStore  # noqa: E402
 
 TTL_S = 2
 LAYOUT = dict(time_bits=53, region_bits=2, worker_bits=2, sequence_bits=6)
@@ -74,6 +75,8 @@ def script(stores, mark_of, delete_claim, lapse) -> list:
 
 def membership(store) -> list:
     """The census after the script, and a node's entry, its lease and region records."""
+    cluster = Cluster(store.config)
+    cluster._build_client = store._build_client  # the same etcd as the store's
     seen = [
         (
             e["region"],
@@ -85,17 +88,18 @@ def membership(store) -> list:
             e.get("lease_remaining_s") is not None,
             e.get("renewed_ago_s") is not None,
         )
-        for e in store.census()
+        for e in cluster.census()
     ]
-    lease = store.grant_lease(TTL_S)
-    store.put_node("tcp://n:1/a b", {"node": "tcp://n:1/a b", "endpoints": ["tcp://n:1"]}, lease)
-    seen.append(("nodes", store.nodes(), store.refresh_lease(lease)))
-    store.record_region(1, "first")
-    store.record_region(1, "second")
-    store.record_region(3, "other")
-    seen.append(("regions", store.regions()))
-    store.remove_node("tcp://n:1/a b", lease)
-    seen.append(("nodes after removal", store.nodes(), store.refresh_lease(lease)))
+    lease = cluster.grant_lease(TTL_S)
+    cluster.put_node("tcp://n:1/a b", {"node": "tcp://n:1/a b", "endpoints": ["tcp://n:1"]}, lease)
+    seen.append(("nodes", cluster.nodes(), cluster.refresh_lease(lease)))
+    cluster.record_region(1, "first")
+    cluster.record_region(1, "second")
+    cluster.record_region(3, "other")
+    seen.append(("regions", cluster.regions()))
+    cluster.remove_node("tcp://n:1/a b", lease)
+    seen.append(("nodes after removal", cluster.nodes(), cluster.refresh_lease(lease)))
+    cluster.close()
     return seen
 
 

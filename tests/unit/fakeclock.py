@@ -1,8 +1,11 @@
-"""A wall clock, a monotonic clock and sleep that tests drive by hand."""
+"""A wall clock, a monotonic clock and sleep that tests drive by hand, and the minter and
+keeper of a worker ID on them."""
 
 from __future__ import annotations
 
-from snowfence.ids import DEFAULT_EPOCH_MS
+from snowfence.ids import DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Layout
+from snowfence.workers.lease import Keeper, Lease
+from snowfence.workers.minter import Minter
 
 
 class FakeClock:
@@ -47,3 +50,15 @@ class FakeClock:
     @property
     def wall_ms(self) -> int:
         return self.wall_ns_value // 1_000_000
+
+    def minter(self, layout: Layout = DEFAULT_LAYOUT, region: int = 0, worker_id: int = 0, **kw) -> Minter:
+        """A minter on this clock: fenced, with nothing reserved, as a keeper finds a new one."""
+        return Minter(layout, region, worker_id, wall_ns=self.wall_ns, mono_ns=self.mono_ns, sleep=self.sleep, **kw)
+
+    def keeper(self, lease: Lease, minter: Minter, events: list | None = None, **kw) -> Keeper:
+        """A keeper of ``lease`` for ``minter`` on this clock: renewals every 2 s, a fence after
+        5 s without one, a 5 s window; each event it reports goes to ``events`` as (name, fields)."""
+        settings = dict(interval_s=2.0, fence_after_s=5.0, window_ms=5000, mono_ns=self.mono_ns)
+        if events is not None:
+            settings["on_event"] = lambda name, fields: events.append((name, fields))
+        return Keeper(lease, minter, **{**settings, **kw})

@@ -145,10 +145,10 @@ def keys(tmp_path_factory):
 @pytest.fixture
 def no_broker(monkeypatch):
     """``serve`` stops where the broker would start; the logging it set up is undone afterwards."""
-    from snowfence.broker import supervisor
+    from snowfence.broker import main
 
     started = []
-    monkeypatch.setattr(supervisor, "serve", lambda config: started.append(config) or 0)
+    monkeypatch.setattr(main, "serve", lambda config: started.append(config) or 0)
     yield started
     logging.getLogger("snowfence").handlers[:] = []
 

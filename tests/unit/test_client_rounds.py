@@ -310,3 +310,91 @@ def test_discovery_waits_for_a_first_reply_and_takes_the_answer_or_nothing():
         protocol.encode_nodes_reply(pending.request_id, {"nodes": [{"endpoints": [B], "in_rotation": True}]})
     )
     assert c._discovered(reply) == B and c.endpoints == [B, A]
+
+
+def nodes_reply(c: ClientBase, pending, *endpoints):
+    body = protocol.encode_nodes_reply(
+        pending.request_id, {"nodes": [{"endpoints": [ep], "in_rotation": True} for ep in endpoints]}
+    )
+    return c._core.match(body)[1]
+
+
+def test_a_move_waits_while_other_requests_are_in_flight_and_is_made_at_the_next_call_for_both_clients():
+    # The rule the asyncio client needs (tasks share its socket); the blocking one never has
+    # another request in flight when it asks, and follows the same code.
+    c = client(endpoints=(A,))
+    c._core.heard = True
+    pending, _ = c._discovery(0)
+    busy = ReserveRound(c, ReserveJob(3))
+    busy.requests(0)  # another task's reservation, on the same socket
+    assert c._discovered(nodes_reply(c, pending, B)) is None
+    assert c.endpoint == A and c.resets == 0  # its request is not dropped with the socket
+    assert c._discovery(1) is None and c.endpoint == A  # still busy: still here
+    busy.abandon()
+    assert c._discovery(2) is None  # not due to ask again, but the move it owed is made
+    assert c.endpoint == B and c.resets == 1
+
+
+def test_a_request_left_in_flight_past_its_deadline_holds_a_move_up_no_longer():
+    # A call interrupted (KeyboardInterrupt, a cancelled task) may leave its request behind.
+    c = client(endpoints=(A,))
+    c._core.heard = True
+    pending, _ = c._discovery(0)
+    ReserveRound(c, ReserveJob(1)).requests(0)  # never answered, never abandoned: due at 1 s
+    c._discovered(nodes_reply(c, pending, B))
+    c._discovery(1 * S - 1)
+    assert c.endpoint == A
+    c._discovery(1 * S)
+    assert c.endpoint == B
+
+
+def test_a_move_owed_to_a_node_that_has_left_since_is_not_made():
+    c = client(endpoints=(A,))
+    c._core.heard = True
+    pending, _ = c._discovery(0)
+    busy = ReserveRound(c, ReserveJob(3))
+    busy.requests(0)
+    c._discovered(nodes_reply(c, pending, B))
+    busy.abandon()
+    c.directory.endpoints = [A]  # a later answer no longer lists B
+    c._discovery(1)
+    assert c.endpoint == A and c.resets == 0
+
+
+def test_an_answer_with_nothing_in_flight_moves_at_once():
+    c = client(endpoints=(A,))
+    c._core.heard = True
+    pending, _ = c._discovery(0)
+    assert c._discovered(nodes_reply(c, pending, B)) == B and c.endpoint == B and c.resets == 1
+
+
+def test_prefetched_blocks_are_handed_out_in_order_stale_ones_passed_over_and_the_error_last():
+    from snowfence.clients.core import Block, Prefetch
+
+    p = Prefetch(PrefetchDepth(batch=10, depth=8, max_age_s=1.0))
+    assert p.wanted() == 20  # two blocks to begin with
+    assert p.take(0) is None and p.depth.target == 4 and p.wanted() == 40  # the consumer waited
+    p.add([Block(100, 10), Block(200, 10)], now_ns=0)
+    p.add([Block(300, 10)], now_ns=2 * S)
+    assert p.take(2 * S) == range(300, 310)  # the first two went stale
+    assert p.depth.dropped == 2
+    p.add([Block(400, 10)], now_ns=2 * S)
+    p.error = Timeout("no reply")
+    assert p.take(2 * S) == range(400, 410)  # what is in hand first
+    with pytest.raises(Timeout):
+        p.take(2 * S)
+    p.error, p.closed = None, True
+    assert p.wanted() == 0
+    with pytest.raises(ValueError, match="closed"):
+        p.take(2 * S)
+
+
+def test_both_clients_take_the_same_arguments_with_the_same_defaults():
+    import inspect
+
+    from snowfence import AsyncClient, Client
+
+    assert inspect.signature(Client) == inspect.signature(AsyncClient) == inspect.signature(ClientBase)
+    c = ClientBase(A)
+    assert (c.timeout_s, c.retries, c.window, c.wait_for_server, c.curve) == (5.0, 5, 32, False, None)
+    assert ClientBase(A, wait_for_server=True).wait_for_server

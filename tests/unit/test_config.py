@@ -161,3 +161,72 @@ def test_an_epoch_in_the_future_is_valid_config_serve_refuses_it_where_it_starts
     with pytest.raises(ConfigError, match="2030-01-01T00:00:00.000Z is in the future"):
         preflight.check_epoch(config)
     preflight.check_epoch(config, now_ms=config.layout.epoch_ms)  # from the epoch on, it is fine
+
+
+# -- etcd endpoints: one check (config.etcd_endpoint) for the settings and the etcd client ---------------
+
+
+@pytest.mark.parametrize(
+    "url, member",
+    [
+        ("http://127.0.0.1:2379", ("127.0.0.1", 2379, False)),
+        ("https://etcd-1.example:2380", ("etcd-1.example", 2380, True)),
+        # The settings refused these and the client took them: the scheme's case does not matter (RFC 3986).
+        ("HTTP://h:2379", ("h", 2379, False)),
+        ("Https://h:2379", ("h", 2379, True)),
+        ("http://h:2379/", ("h", 2379, False)),  # one trailing slash, as etcdctl prints endpoints
+        # An IPv6 address keeps its brackets: the client library joins host and port with a colon.
+        ("http://[::1]:2379", ("[::1]", 2379, False)),
+        ("http://[2001:DB8::1]:2379", ("[2001:db8::1]", 2379, False)),
+    ],
+)
+def test_an_etcd_endpoint_names_host_port_and_tls(url, member):
+    assert cfg.etcd_endpoint(url) == member
+    assert cfg.load(flags={"etcd": url, "etcd_ca": "ca.pem"}, env={}).etcd == (url,)
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        # The settings took these, and only the etcd client, in the worker, refused them.
+        ("http://127.0.0.1:", "port"),
+        ("http://:2379", "no host"),
+        ("http://h:0", "port 0"),
+        ("http://h:port", "port"),
+        ("http://h:99999", "port"),
+        ("http://h:٣", "port"),
+        ("http://[::1:2379", "brackets"),
+        ("http://::1:2379", "brackets"),
+        # Both took these, and the client dropped what follows the host and port.
+        ("http://user:secret@h:2379", "etcd_user and etcd_password"),
+        ("http://h:2379/v3", "nothing may follow the port"),
+        ("http://h:2379?x=1", "nothing may follow the port"),
+        ("http://h:2379#f", "nothing may follow the port"),
+        ("http://h:2379//", "nothing may follow the port"),
+        # Python's URL parser drops a newline or a tab inside a URL without a word.
+        ("http://h\n:2379", "spaces or control characters"),
+        ("http://h\t:2379", "spaces or control characters"),
+        ("http://h :2379", "spaces or control characters"),
+        # Both refused these.
+        ("https://h", "HOST:PORT"),
+        ("grpc://h:2379", "http or https"),
+        ("localhost:2379", "http or https"),
+        ("", "http or https"),
+    ],
+)
+def test_an_unusable_etcd_endpoint_is_refused_by_the_settings_and_the_client_alike(url, words):
+    for check in (
+        lambda: cfg.etcd_endpoint(url),
+        lambda: cfg.Config(etcd=(url,), etcd_ca="ca.pem"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            check()
+        assert f"etcd endpoint {url!r} must look like http://host:port or https://host:port" in str(info.value)
+        assert words in str(info.value), str(info.value)
+
+
+def test_https_etcd_endpoints_without_a_ca_are_refused_with_the_settings():
+    with pytest.raises(ConfigError, match="need etcd_ca"):
+        cfg.load(flags={"etcd": "http://a:1,https://b:2"}, env={})
+    with pytest.raises(ConfigError, match="must look like"):  # every endpoint is checked, not only up to one https
+        cfg.load(flags={"etcd": "https://b:2,http://c"}, env={"SNOWFENCE_ETCD_CA": "ca.pem"})

@@ -55,6 +55,20 @@ def fail_for(monkeypatch, name: str, target, error: OSError = EIO) -> None:
     monkeypatch.setattr(os, name, wrapper)
 
 
+def is_temp_file_fd(fd) -> bool:
+    return isinstance(fd, int) and os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp")
+
+
+def refuse_to_remove_temp_files(monkeypatch) -> None:
+    """A temp file cannot be cleaned up after a failed write: unlink says EACCES."""
+    fail_for(
+        monkeypatch,
+        "unlink",
+        lambda p: os.fspath(p).endswith(".tmp"),
+        PermissionError(errno.EACCES, "Permission denied"),
+    )
+
+
 def held_by_another(s: FileStore, worker_id: int) -> bool:
     """Whether a second open of the lock file finds it locked (flocks are per open file)."""
     other = FileStore(s.root, s.layout, s.region)
@@ -148,9 +162,7 @@ def test_a_temp_file_left_by_an_earlier_process_with_our_pid_is_overwritten_whol
 
 def test_a_write_that_fails_leaves_no_temp_file_and_reports_the_disk_error(tmp_path, monkeypatch):
     path = tmp_path / "x.mark"
-    fail_for(
-        monkeypatch, "fsync", lambda fd: isinstance(fd, int) and os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp")
-    )
+    fail_for(monkeypatch, "fsync", is_temp_file_fd)
     with pytest.raises(OSError) as info:
         embedded.write_atomic(path, b"data")
     assert info.value.errno == errno.EIO
@@ -159,15 +171,8 @@ def test_a_write_that_fails_leaves_no_temp_file_and_reports_the_disk_error(tmp_p
 
 def test_a_write_whose_cleanup_also_fails_still_reports_the_first_error(tmp_path, monkeypatch):
     path = tmp_path / "x.mark"
-    fail_for(
-        monkeypatch, "fsync", lambda fd: isinstance(fd, int) and os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp")
-    )
-    fail_for(
-        monkeypatch,
-        "unlink",
-        lambda p: os.fspath(p).endswith(".tmp"),
-        PermissionError(errno.EACCES, "Permission denied"),
-    )
+    fail_for(monkeypatch, "fsync", is_temp_file_fd)
+    refuse_to_remove_temp_files(monkeypatch)
     with pytest.raises(OSError) as info:
         embedded.write_atomic(path, b"data")
     assert info.value.errno == errno.EIO
@@ -181,12 +186,7 @@ def test_a_rename_that_fails_leaves_no_temp_file_and_the_old_mark_whole(tmp_path
         embedded.write_atomic(path, b"new")
     assert info.value.errno == errno.EIO
     assert temp_files(tmp_path) == [] and path.read_bytes() == b"old"
-    fail_for(
-        monkeypatch,
-        "unlink",
-        lambda p: os.fspath(p).endswith(".tmp"),
-        PermissionError(errno.EACCES, "Permission denied"),
-    )
+    refuse_to_remove_temp_files(monkeypatch)
     with pytest.raises(OSError) as info:
         embedded.write_atomic(path, b"new")
     assert info.value.errno == errno.EIO  # not the cleanup's error

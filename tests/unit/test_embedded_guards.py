@@ -23,8 +23,7 @@ from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.workers import embedded
 from snowfence.workers.embedded import FileStore, mark_checksum
 from snowfence.workers.genesis import Genesis
-from snowfence.workers.lease import Keeper, PreferenceFile, embedded_namespace, node_key
-from snowfence.workers.minter import Minter
+from snowfence.workers.lease import PreferenceFile, embedded_namespace, node_key
 
 HOLDER = "test"
 
@@ -49,19 +48,10 @@ def elsewhere(tmp_path, layout=DEFAULT_LAYOUT) -> FileStore:
 
 def keeper_for(lease, clock=None):
     clock = clock or FakeClock()
-    minter = Minter(DEFAULT_LAYOUT, 0, lease.worker_id, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    minter = clock.minter(DEFAULT_LAYOUT, 0, lease.worker_id)
     minter.start_after(lease.claimed_mark_ms)
     events = []
-    keeper = Keeper(
-        lease,
-        minter,
-        interval_s=2.0,
-        fence_after_s=5.0,
-        window_ms=5000,
-        mono_ns=clock.mono_ns,
-        on_event=lambda name, fields: events.append((name, fields)),
-    )
-    return clock, minter, keeper, events
+    return clock, minter, clock.keeper(lease, minter, events), events
 
 
 # -- checked exclusivity ----------------------------------------------------------------------

@@ -12,8 +12,7 @@ from snowfence.clients.core import Core, ReserveJob, apply_reply
 from snowfence.config import Config, cgroup_cpu_quota, usable_cpus
 from snowfence.errors import Fenced, LeaseLost, Overloaded
 from snowfence.ids import DEFAULT_LAYOUT
-from snowfence.workers.lease import Keeper, Lease
-from snowfence.workers.minter import Minter
+from snowfence.workers.lease import Lease
 
 # -- the keeper watches the minting loop ----------------------------------------------
 
@@ -39,19 +38,11 @@ class CountingLease(Lease):
 def keeper_with_loop(expires: bool, loop_idle_s: float):
     clock = FakeClock()
     lease = CountingLease(expires)
-    minter = Minter(DEFAULT_LAYOUT, 0, 3, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    minter = clock.minter(DEFAULT_LAYOUT, 0, 3)
     events = []
     loop_ns = clock.mono_ns() - int(loop_idle_s * 1e9)
-    keeper = Keeper(
-        lease,
-        minter,
-        interval_s=2.0,
-        fence_after_s=5.0,
-        window_ms=5000,
-        mono_ns=clock.mono_ns,
-        on_event=lambda name, fields: events.append(name),
-        loop_ns=lambda: loop_ns,
-        stall_s=5.0,
+    keeper = clock.keeper(
+        lease, minter, on_event=lambda name, fields: events.append(name), loop_ns=lambda: loop_ns, stall_s=5.0
     )
     return clock, lease, minter, keeper, events
 
@@ -91,8 +82,8 @@ def test_a_keeper_paused_with_its_whole_process_gives_the_loop_a_turn_before_jud
 def test_without_a_loop_to_watch_the_keeper_never_gives_up_for_it():
     clock = FakeClock()
     lease = CountingLease(False)
-    minter = Minter(DEFAULT_LAYOUT, 0, 3, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
-    keeper = Keeper(lease, minter, interval_s=2.0, fence_after_s=5.0, window_ms=5000, mono_ns=clock.mono_ns)
+    minter = clock.minter(DEFAULT_LAYOUT, 0, 3)
+    keeper = clock.keeper(lease, minter)
     assert keeper.loop_stalled_s() is None
 
 

@@ -11,7 +11,7 @@ from fakeclock import FakeClock
 from snowfence.errors import EtcdUnavailable, LeaseLost
 from snowfence.ids import DEFAULT_LAYOUT
 from snowfence.workers.lease import Keeper, Lease
-from snowfence.workers.minter import NEVER_NS, Minter
+from snowfence.workers.minter import NEVER_NS
 
 
 class ScriptedLease(Lease):
@@ -47,7 +47,7 @@ class ScriptedLease(Lease):
 def setup(refresh_takes_s=0.0):
     clock = FakeClock()
     lease = ScriptedLease(clock, refresh_takes_s)
-    minter = Minter(DEFAULT_LAYOUT, 0, 1, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    minter = clock.minter(DEFAULT_LAYOUT, 0, 1)
     keeper = Keeper(lease, minter, interval_s=2.0, fence_after_s=5.0, window_ms=5000, mono_ns=clock.mono_ns)
     return clock, lease, minter, keeper
 
@@ -125,7 +125,7 @@ def test_lost_lease_fences_the_minter_and_ends_the_keeper():
 def test_keeper_retries_soon_after_a_failure_and_recovers():
     clock = FakeClock()
     lease = ScriptedLease(clock)
-    minter = Minter(DEFAULT_LAYOUT, 0, 1, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    minter = clock.minter(DEFAULT_LAYOUT, 0, 1)
     keeper = Keeper(
         lease, minter, interval_s=60.0, fence_after_s=5.0, window_ms=5000, retry_s=0.01, mono_ns=clock.mono_ns
     )

@@ -13,7 +13,7 @@ from fakeclock import FakeClock
 from snowfence.errors import EtcdUnavailable, LeaseLost
 from snowfence.ids import DEFAULT_LAYOUT
 from snowfence.workers.lease import Keeper, Lease
-from snowfence.workers.minter import NEVER_NS, Minter
+from snowfence.workers.minter import NEVER_NS
 
 INTERVAL_S, RETRY_S, FENCE_S = 2.0, 0.25, 5.0
 
@@ -115,7 +115,7 @@ def setup(script=(), **kw):
     clock = FakeClock()
     wake = SimulatedWake(clock)
     lease = Lease1(clock, wake, script)
-    minter = Minter(DEFAULT_LAYOUT, 0, 1, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    minter = clock.minter(DEFAULT_LAYOUT, 0, 1)
     events: list[tuple[str, dict]] = []
     keeper = Keeper(
         lease,
@@ -267,10 +267,8 @@ def test_the_default_retry_delay_is_a_quarter_second():
     clock = FakeClock()
     wake = SimulatedWake(clock)
     lease = Lease1(clock, wake, [EtcdUnavailable("no leader")])
-    minter = Minter(DEFAULT_LAYOUT, 0, 1, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
-    keeper = Keeper(
-        lease, minter, interval_s=2.0, fence_after_s=5.0, window_ms=5000, mono_ns=clock.mono_ns, wake_event=wake
-    )
+    minter = clock.minter(DEFAULT_LAYOUT, 0, 1)
+    keeper = clock.keeper(lease, minter, wake_event=wake)
     wake.at(1.0, keeper.stop)
     keeper.run()
     assert wake.timeouts == [0.25, 2.0]
@@ -289,7 +287,7 @@ def test_stop_gives_up_waiting_after_its_timeout_when_a_renewal_hangs():
             release.wait(30)
 
     lease = Hanging(clock, SimulatedWake(clock))
-    minter = Minter(DEFAULT_LAYOUT, 0, 1, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    minter = clock.minter(DEFAULT_LAYOUT, 0, 1)
     keeper = Keeper(lease, minter, interval_s=2.0, fence_after_s=5.0, window_ms=5000, mono_ns=clock.mono_ns)
     keeper.start()
     try:

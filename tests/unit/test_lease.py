@@ -100,11 +100,34 @@ def test_preference_file_round_trip_and_bad_contents(tmp_path):
     assert pref.read() == 17
     assert pref.path == tmp_path / "last-worker-id" / "ns" / "slot-0"
     assert pref.path.read_text().split()[0] == "17"
-    assert not pref.path.with_suffix(".tmp").exists()
+    assert sorted(p.name for p in pref.path.parent.iterdir()) == ["slot-0"]  # no temp file left
     pref.write(3)
     assert pref.read() == 3
     pref.path.write_text("not a number\n")
     assert pref.read() is None
+
+
+def test_preference_file_is_written_durably_its_directory_fsynced_after_the_rename(tmp_path, monkeypatch):
+    import os
+
+    pref = PreferenceFile(tmp_path, "ns", "slot-0")
+    pref.write(1, token=5)
+    synced, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        synced.append(("rename", os.fspath(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    pref.write(2, token=6)
+    monkeypatch.undo()
+    assert synced[1:] == [("rename", str(pref.path)), str(pref.path.parent)], synced
+    assert PreferenceFile.parse(pref.path.read_text()) == [(2, 6), (1, 5)]
 
 
 def test_preference_file_that_cannot_be_written_warns_and_carries_on(tmp_path, caplog):

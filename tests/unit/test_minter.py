@@ -16,9 +16,21 @@ LAYOUT = DEFAULT_LAYOUT
 REGION, WORKER = 5, 77
 
 
-def make(clock: FakeClock, *, layout: Layout = LAYOUT, fenced: bool = False, reserve_ms: int = 60_000, **kw) -> Minter:
-    m = Minter(layout, REGION, WORKER, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep, **kw)
-    m.fence_deadline_ns = -1 if fenced else clock.mono_ns() + 5_000_000_000
+def make(
+    clock: FakeClock,
+    *,
+    layout: Layout = LAYOUT,
+    fenced: bool = False,
+    fence_s: float | None = 5.0,
+    reserve_ms: int = 60_000,
+    **kw,
+) -> Minter:
+    """A minter that may mint: its fence ``fence_s`` away (None: never), ``reserve_ms`` reserved."""
+    m = clock.minter(layout, REGION, WORKER, **kw)
+    if fenced:
+        m.fence_deadline_ns = -1
+    else:
+        m.fence_deadline_ns = NEVER_NS if fence_s is None else clock.mono_ns() + int(fence_s * 1e9)
     m.reserved_until_ms = m.now_ms() + reserve_ms
     return m
 
@@ -257,7 +269,7 @@ def test_reservation_checked_after_waiting_for_the_next_millisecond():
 
 def test_nothing_is_reserved_until_the_keeper_says_so():
     clock = FakeClock()
-    m = Minter(LAYOUT, REGION, WORKER, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    m = clock.minter(LAYOUT, REGION, WORKER)
     m.fence_deadline_ns = NEVER_NS
     with pytest.raises(ReservationExpired):
         m.reserve(1)
@@ -305,17 +317,7 @@ steps = st.one_of(
 @given(st.lists(steps, min_size=1, max_size=120), st.integers(0, 40))
 def test_invariants_hold_for_any_clock_sequence(ops, max_step_back_ms):
     clock = FakeClock()
-    m = Minter(
-        LAYOUT,
-        REGION,
-        WORKER,
-        wall_ns=clock.wall_ns,
-        mono_ns=clock.mono_ns,
-        sleep=clock.sleep,
-        max_step_back_ms=max_step_back_ms,
-    )
-    m.fence_deadline_ns = clock.mono_ns() + 5_000_000_000
-    m.reserved_until_ms = m.now_ms() + 5_000
+    m = make(clock, reserve_ms=5_000, max_step_back_ms=max_step_back_ms)
     last_id = -1
     issued = 0
     for op, arg in ops:
@@ -461,18 +463,7 @@ def test_hlc_jumps_to_a_causal_floor_within_max_ahead_and_rejects_beyond():
 )
 def test_both_policies_keep_ids_unique_increasing_and_above_their_floor(policy, ops):
     clock = FakeClock()
-    m = Minter(
-        LAYOUT,
-        REGION,
-        WORKER,
-        wall_ns=clock.wall_ns,
-        mono_ns=clock.mono_ns,
-        sleep=clock.sleep,
-        clock_policy=policy,
-        max_ahead_ms=100,
-    )
-    m.fence_deadline_ns = NEVER_NS
-    m.reserved_until_ms = m.now_ms() + 5_000
+    m = make(clock, fence_s=None, reserve_ms=5_000, clock_policy=policy, max_ahead_ms=100)
     last_id = -1
     for op, arg in ops:
         if op == "advance":
@@ -509,8 +500,8 @@ def test_shard_prefixed_ids_and_causal_floors_across_shards():
     for w in range(128):
         by_shard.setdefault(layout.shard_of(0, w), w)
     low, high = by_shard[0], by_shard[3]
-    lo = Minter(layout, 0, low, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
-    hi = Minter(layout, 0, high, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    lo = clock.minter(layout, 0, low)
+    hi = clock.minter(layout, 0, high)
     for m in (lo, hi):
         m.fence_deadline_ns = NEVER_NS
         m.reserved_until_ms = m.now_ms() + 10_000
@@ -545,7 +536,7 @@ def test_every_id_minted_after_a_causal_token_sorts_after_it(policy, layout, own
     """Any token: a lower, the same or a higher region and worker ID, any sequence,
     this millisecond or a few either side of it."""
     clock = FakeClock()
-    m = Minter(layout, *own, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep, clock_policy=policy)
+    m = clock.minter(layout, *own, clock_policy=policy)
     m.fence_deadline_ns = NEVER_NS
     m.reserved_until_ms = m.now_ms() + 60_000
     for k in minted_before:
@@ -642,7 +633,7 @@ def test_minter_refuses_a_region_or_worker_id_outside_the_layout(region, worker)
 def test_minter_accepts_the_edges_of_the_layout_and_stamps_them():
     for region, worker in [(0, 0), (7, 127), (0, 127), (7, 0)]:
         clock = FakeClock()
-        m = Minter(LAYOUT, region, worker, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+        m = clock.minter(LAYOUT, region, worker)
         assert (m.region, m.worker_id) == (region, worker)
         m.fence_deadline_ns = NEVER_NS
         m.reserved_until_ms = m.now_ms() + 10
@@ -660,7 +651,7 @@ def test_unknown_clock_policy_is_refused():
 
 def test_a_fresh_minter_is_fenced_and_reserves_nothing_until_the_keeper_says_so():
     clock = FakeClock()
-    m = Minter(LAYOUT, REGION, WORKER, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns, sleep=clock.sleep)
+    m = clock.minter(LAYOUT, REGION, WORKER)
     assert (m.fence_deadline_ns, m.reserved_until_ms, m.clock_unsafe) == (-1, -1, False)
     assert (m.max_step_back_ms, m.max_ahead_ms, m.hlc) == (10, 1000, False)  # the documented defaults
     with pytest.raises(Fenced):

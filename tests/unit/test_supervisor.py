@@ -339,3 +339,27 @@ def test_a_worker_that_takes_its_time_to_die_of_sigkill_is_killed_and_counted_on
         r.sup.heard[talker.pid] = r.now_ns
         r.run_for(0.01)
     assert r.proc(0) is not stuck and r.sup.procs[0].restarts == 1
+
+
+def test_a_flood_of_signals_keeps_at_most_five_waiting_and_a_stop_is_not_crowded_out(rig, caplog):
+    from snowfence.broker.supervisor import MAX_PENDING_SIGNALS
+
+    r = rig(obeys_sigterm=False, shutdown_timeout_s=4.0)
+    for _ in range(10_000):
+        r.sup.enqueue(signal.SIGCHLD)  # a burst of exits: one reap collects them all
+    assert list(r.sup.signals) == [signal.SIGCHLD] and r.sup.dropped_signals == 0
+    r.sup.enqueue(signal.SIGTERM)
+    for _ in range(10_000):
+        r.sup.enqueue(signal.SIGHUP)
+    assert MAX_PENDING_SIGNALS == 5 and len(r.sup.signals) == 5
+    assert list(r.sup.signals) == [signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGHUP, signal.SIGHUP]
+    assert r.sup.dropped_signals == 10_000 - 3
+    caplog.set_level("WARNING", logger="snowfence.broker")
+    r.sup.dispatch()
+    assert not r.sup.signals and r.sup.stopping and r.stops == 1
+    assert all(p.signals == [signal.SIGTERM, signal.SIGKILL] for p in r.spawned)  # the second stop signal kills
+    [dropped] = [rec for rec in caplog.records if "were dropped" in rec.getMessage()]
+    assert dropped.getMessage().startswith("9997 signals arrived while 5 were waiting")
+    r.sup.enqueue(signal.SIGINT)
+    r.sup.dispatch()
+    assert len([rec for rec in caplog.records if "were dropped" in rec.getMessage()]) == 1  # said once

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from test_etcd_store import PREFIX, Etcd
+from etcdrig import PREFIX, Etcd
 
 from snowfence.errors import StateDirError, StoreWentBack, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT

@@ -30,13 +30,12 @@ import time
 from collections import Counter
 
 import zmq
-import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-from ..clients.security import Curve
 from ..config import Config
+from ..curve import Curve, load_key_pair
 from ..errors import ConfigError
 from ..logs import event
 
@@ -166,12 +165,9 @@ class HandshakeWatch:
 def load_server_key(path: str) -> tuple[bytes, bytes]:
     """The (public, secret) key pair of the server certificate at ``path``; ConfigError names what is wrong."""
     try:
-        public, secret = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the CURVE key {path}: {exc}") from None
-    if secret is None:
-        raise ConfigError(f"{path} holds no secret key; give the .key_secret file")
-    return public, secret
+        return load_key_pair(path, "CURVE key")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_allow_list(path: str) -> None:

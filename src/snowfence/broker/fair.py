@@ -54,10 +54,6 @@ class Conn:
         self.listed = False
 
 
-def cost(count: int) -> int:
-    return count if count > MIN_COST_IDS else MIN_COST_IDS
-
-
 class FairQueue:
     """Connections with requests waiting, served in turns of ``QUANTUM`` IDs.
 

@@ -76,11 +76,11 @@ class Membership(threading.Thread):
 
     def __init__(self, config: Config, name: str, entry: dict) -> None:
         super().__init__(name="membership", daemon=True)
-        from ..workers.etcd import EtcdStore
+        from ..etcd.cluster import Cluster
 
         self.config = config
         self.name = name
-        self.store = EtcdStore(config)
+        self.cluster = Cluster(config)
         self.interval_s = config.keepalive_interval_s
         #: This node's entry as the broker last published it.
         self.entry = entry
@@ -97,14 +97,14 @@ class Membership(threading.Thread):
 
     def step(self) -> None:
         """Renew (or take) the lease, write the entry, read everyone's."""
-        store = self.store
-        if self.lease_id is None or not store.refresh_lease(self.lease_id):
+        cluster = self.cluster
+        if self.lease_id is None or not cluster.refresh_lease(self.lease_id):
             if self.lease_id is not None:
                 event(log, "membership_lapsed", "the node's membership lease lapsed; registering again")
-            self.lease_id = store.grant_lease(self.config.lease_ttl_s)
-            store.record_region(self.config.region, self.name)
-        store.put_node(self.name, self.entry, self.lease_id)
-        self.nodes = store.nodes()
+            self.lease_id = cluster.grant_lease(self.config.lease_ttl_s)
+            cluster.record_region(self.config.region, self.name)
+        cluster.put_node(self.name, self.entry, self.lease_id)
+        self.nodes = cluster.nodes()
         self.read_ns = time.monotonic_ns()
 
     def run(self) -> None:
@@ -131,10 +131,10 @@ class Membership(threading.Thread):
             self.join(self.config.etcd_timeout_s * 3)
         if self.lease_id is not None:
             try:
-                self.store.remove_node(self.name, self.lease_id)
+                self.cluster.remove_node(self.name, self.lease_id)
             except SnowfenceError:
                 pass  # the entry lapses with the lease
-        self.store.close()
+        self.cluster.close()
 
     def view(self, own: dict) -> list[dict]:
         """The nodes to tell a client about: as read, with this node's entry as it is now."""

@@ -42,7 +42,7 @@ def check(config: Config, *, create: bool = True) -> None:
     if config.curve_allow:
         auth.check_allow_list(config.curve_allow)
     if not config.embedded:
-        from ..workers.etcd import require_client
+        from ..etcd.client import require_client
 
         require_client()  # here, not in every worker after the node started
 

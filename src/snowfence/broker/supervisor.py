@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -36,6 +37,11 @@ RESTART_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 10.0
 #: The signals the supervisor handles (the broker's loop installs :meth:`Supervisor.enqueue` for them).
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+#: Signals kept for the loop at most, as gunicorn's arbiter keeps 5: a flood of them
+#: between two turns of the loop must not grow memory. Beyond it they are dropped
+#: (counted), and a SIGCHLD already waiting stands for any that follow it (a reap
+#: collects every exit), so a burst of exits cannot crowd out a stop signal.
+MAX_PENDING_SIGNALS = 5
 
 
 #: ``Proc.kill_at_ns`` once SIGKILL has gone out: never again.
@@ -108,7 +114,11 @@ class Supervisor:
         self.spawner = spawner
         self.clock = clock
         self.procs = [Proc(slot) for slot in range(config.worker_count)]
-        self.signals: list[int] = []
+        #: Signals received and not yet dispatched, oldest first (at most MAX_PENDING_SIGNALS).
+        self.signals: deque[int] = deque()
+        #: Signals dropped because MAX_PENDING_SIGNALS were waiting; logged at the next dispatch.
+        self.dropped_signals = 0
+        self._dropped_logged = 0
         self.stopping = False
         #: Why the node is stopping (a signal's name, or why it halts), once it is.
         self.stop_reason = ""
@@ -134,14 +144,28 @@ class Supervisor:
     # -- signals ----------------------------------------------------------------------
 
     def enqueue(self, signum: int, frame=None) -> None:
-        """The signal handler: only remembers the signal."""
+        """The signal handler: only remembers the signal (see :data:`MAX_PENDING_SIGNALS`)."""
+        if signum == signal.SIGCHLD and signal.SIGCHLD in self.signals:
+            return
+        if len(self.signals) >= MAX_PENDING_SIGNALS:
+            self.dropped_signals += 1
+            return
         self.signals.append(signum)
 
     def dispatch(self) -> None:
         """Act on the signals received since the last call, in order."""
         while self.signals:
-            signum = self.signals.pop(0)
+            signum = self.signals.popleft()
             getattr(self, f"handle_{signal.Signals(signum).name.lower()}")()
+        if self.dropped_signals > self._dropped_logged:
+            dropped, self._dropped_logged = self.dropped_signals - self._dropped_logged, self.dropped_signals
+            event(
+                log,
+                "signals_dropped",
+                f"{dropped} signals arrived while {MAX_PENDING_SIGNALS} were waiting, and were dropped",
+                level=logging.WARNING,
+                dropped=dropped,
+            )
 
     def handle_sigterm(self) -> None:
         self.begin_stop("SIGTERM")
@@ -359,10 +383,3 @@ class Supervisor:
                 for p in self.procs
             ],
         }
-
-
-def serve(config: Config) -> int:
-    """Run a node until SIGTERM/SIGINT; the exit status of the broker (see :mod:`snowfence.broker.main`)."""
-    from .main import serve as _serve
-
-    return _serve(config)

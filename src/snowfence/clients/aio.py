@@ -11,27 +11,15 @@ stale reply can never answer a newer request. Runs on any asyncio loop;
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable
 
 import zmq
 import zmq.asyncio
 
 from .. import protocol
 from ..errors import SnowfenceError
-from .core import (
-    DEFAULT_RETRIES,
-    DEFAULT_TIMEOUT_S,
-    DEFAULT_WINDOW,
-    Block,
-    ClientBase,
-    Pending,
-    PrefetchDepth,
-    ReserveJob,
-    ReserveRound,
-    StatusRound,
-)
+from .core import Block, ClientBase, Pending, Prefetch, PrefetchDepth, ReserveJob, ReserveRound, StatusRound
 
 
 def run(main: Awaitable):
@@ -51,37 +39,12 @@ class AsyncClient(ClientBase):
     Discovery (``discover``, ``region``) as for :class:`snowfence.Client`.
     """
 
-    def __init__(
-        self,
-        endpoints: str | Sequence[str],
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        retries: int = DEFAULT_RETRIES,
-        window: int = DEFAULT_WINDOW,
-        context: zmq.asyncio.Context | None = None,
-        server_key: str | bytes | None = None,
-        client_key: str | None = None,
-        wait_for_server: bool = False,
-        discover: bool = True,
-        region: int | None = None,
-    ) -> None:
-        super().__init__(
-            endpoints,
-            timeout_s=timeout_s,
-            retries=retries,
-            window=window,
-            server_key=server_key,
-            client_key=client_key,
-            discover=discover,
-            region=region,
-        )
-        self.wait_for_server = wait_for_server
-        self._ctx = context or zmq.asyncio.Context.instance()
+    def _init_transport(self) -> None:
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task | None = None
         self._waiters: dict[int, asyncio.Future] = {}
-        #: Where discovery said to go while other tasks had requests in flight.
-        self._move_to_later: str | None = None
         self._closed = False
 
     # -- transport ----------------------------------------------------------------------
@@ -90,13 +53,8 @@ class AsyncClient(ClientBase):
         if self._closed:
             raise SnowfenceError("the client is closed")
         if self._sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            if self.curve is not None:
-                self.curve.apply(sock)
-            sock.connect(self.endpoint)
-            self._sock = sock
-            self._reader = asyncio.get_running_loop().create_task(self._read(sock))
+            self._sock = self._dealer()
+            self._reader = asyncio.get_running_loop().create_task(self._read(self._sock))
         return self._sock
 
     async def _read(self, sock: zmq.asyncio.Socket) -> None:
@@ -125,7 +83,7 @@ class AsyncClient(ClientBase):
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
-        self._forget_connection(rotate)
+        super()._reset(rotate)
 
     async def _ask(self, pending: Pending, frame: bytes) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
@@ -187,13 +145,8 @@ class AsyncClient(ClientBase):
         return await self._ask_json("nodes")
 
     async def _discover(self) -> None:
-        """Ask for the cluster's nodes when it is time to; moves only while nothing is
-        in flight on the socket (other tasks may share it). Never fails the call."""
-        if self._move_to_later is not None and not self._waiters:
-            target, self._move_to_later = self._move_to_later, None
-            if target in self.endpoints:
-                self._reset(rotate=False)
-                self._move_to(target)
+        """Ask for the cluster's nodes when it is time to (other tasks' requests on the
+        socket keep it where it is until they are done: see the core). Never fails the call."""
         ask = self._discovery(time.monotonic_ns())
         if ask is None:
             return
@@ -206,14 +159,7 @@ class AsyncClient(ClientBase):
             self._waiters.pop(pending.request_id, None)
             self._reset()
             return
-        target = self._discovered(None if matched is None else matched[1])
-        if target is None:
-            return
-        if self._waiters:  # other tasks have requests on this socket: move when they are done
-            self._move_to_later = target
-        else:
-            self._reset(rotate=False)
-            self._move_to(target)
+        self._discovered(None if matched is None else matched[1])
 
     async def _ask_json(self, what: str) -> dict:
         round_ = StatusRound(self, what, time.monotonic_ns())
@@ -243,39 +189,31 @@ class AsyncClient(ClientBase):
         consumer between 1 and ``prefetch``, and blocks older than ``max_age_s``
         when their turn comes are dropped.
         """
-        depth = PrefetchDepth(batch, prefetch, max_age_s)
-        blocks: collections.deque[tuple[int, range]] = collections.deque()
-        state: dict = {"error": None}
+        prefetched = Prefetch(PrefetchDepth(batch, prefetch, max_age_s))
         wanted = asyncio.Event()
         arrived = asyncio.Event()
 
         async def refill() -> None:
             try:
                 while True:
-                    while not depth.wanted_ids(len(blocks)):
+                    while not prefetched.wanted():
                         wanted.clear()
                         await wanted.wait()
-                    got = await self._reserve(depth.wanted_ids(len(blocks)), chunk=batch)
-                    now = time.monotonic_ns()
-                    blocks.extend((now, b.range()) for b in got)
+                    got = await self._reserve(prefetched.wanted(), chunk=batch)
+                    prefetched.add(got, time.monotonic_ns())
                     arrived.set()
             except SnowfenceError as exc:
-                state["error"] = exc
+                prefetched.error = exc
                 arrived.set()
 
         task = asyncio.get_running_loop().create_task(refill())
         try:
             while True:
-                while not blocks:
-                    if state["error"] is not None:
-                        raise state["error"]
-                    depth.starved()
+                ids = prefetched.take(time.monotonic_ns())
+                wanted.set()  # room for a block, or the consumer starved: the refill goes on
+                if ids is None:
                     arrived.clear()
-                    wanted.set()
                     await arrived.wait()
-                fetched_ns, ids = blocks.popleft()
-                wanted.set()
-                if depth.stale(fetched_ns, time.monotonic_ns()):
                     continue
                 for id_ in ids:
                     yield id_

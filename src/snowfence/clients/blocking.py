@@ -9,28 +9,16 @@ Retriable errors are retried with back-off; anything else is raised at once.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import zmq
 
 from .. import protocol
 from ..errors import SnowfenceError
-from .core import (
-    DEFAULT_RETRIES,
-    DEFAULT_TIMEOUT_S,
-    DEFAULT_WINDOW,
-    Block,
-    ClientBase,
-    Pending,
-    PrefetchDepth,
-    ReserveJob,
-    ReserveRound,
-    StatusRound,
-)
+from .core import Block, ClientBase, Pending, Prefetch, PrefetchDepth, ReserveJob, ReserveRound, StatusRound
 
 
 class Client(ClientBase):
@@ -52,32 +40,9 @@ class Client(ClientBase):
     given; ``discover=False`` pins the list to ``endpoints``.
     """
 
-    def __init__(
-        self,
-        endpoints: str | Sequence[str],
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        retries: int = DEFAULT_RETRIES,
-        window: int = DEFAULT_WINDOW,
-        context: zmq.Context | None = None,
-        server_key: str | bytes | None = None,
-        client_key: str | None = None,
-        wait_for_server: bool = False,
-        discover: bool = True,
-        region: int | None = None,
-    ) -> None:
-        super().__init__(
-            endpoints,
-            timeout_s=timeout_s,
-            retries=retries,
-            window=window,
-            server_key=server_key,
-            client_key=client_key,
-            discover=discover,
-            region=region,
-        )
-        self.wait_for_server = wait_for_server
-        self._ctx = context or zmq.Context.instance()
+    def _init_transport(self) -> None:
+        if self._ctx is None:
+            self._ctx = zmq.Context.instance()
         self._lock = threading.RLock()
         self._sock: zmq.Socket | None = None
         self._prefetchers: list[Prefetcher] = []
@@ -154,12 +119,7 @@ class Client(ClientBase):
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            if self.curve is not None:
-                self.curve.apply(sock)
-            sock.connect(self.endpoint)
-            self._sock = sock
+            self._sock = self._dealer()
         return self._sock
 
     def _discover(self) -> None:
@@ -169,17 +129,14 @@ class Client(ClientBase):
             return
         pending, frame = ask
         self._socket().send(frame)
-        target = self._discovered(self._await(pending))  # a timeout resets and moves on, as for any request
-        if target is not None:
-            self._reset(rotate=False)
-            self._move_to(target)
+        self._discovered(self._await(pending))  # a timeout resets and moves on, as for any request
 
     def _reset(self, rotate: bool) -> None:
         """Drop the socket (and any reply still on its way) and reconnect."""
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
-        self._forget_connection(rotate)
+        super()._reset(rotate)
 
     def _await(self, pending: Pending) -> protocol.Reply | None:
         """Wait for the reply to one request; None (and a reset) if it timed out."""
@@ -230,22 +187,19 @@ class Prefetcher:
     """
 
     def __init__(self, client: Client, depth: PrefetchDepth) -> None:
-        self.depth = depth
+        self.prefetch = Prefetch(depth)
         self._source = Client(
             client.endpoints,
             timeout_s=client.timeout_s,
             retries=client.retries,
             window=depth.depth,
             context=client._ctx,
+            wait_for_server=client.wait_for_server,
             discover=client.directory.discover,
             region=client.directory.region,
         )
         self._source.curve = client.curve
-        self._source.wait_for_server = client.wait_for_server
-        self._blocks: collections.deque[tuple[int, range]] = collections.deque()
         self._cond = threading.Condition()
-        self._error: SnowfenceError | None = None
-        self._closed = False
         self._thread = threading.Thread(target=self._refill, name="snowfence-prefetch", daemon=True)
         self._thread.start()
 
@@ -253,44 +207,36 @@ class Prefetcher:
         """The next block's IDs; waits for one if none is in hand."""
         with self._cond:
             while True:
-                while self._blocks:
-                    fetched_ns, ids = self._blocks.popleft()
-                    self._cond.notify()
-                    if self.depth.stale(fetched_ns, time.monotonic_ns()):
-                        continue
+                ids = self.prefetch.take(time.monotonic_ns())
+                self._cond.notify()  # room for a block, or the consumer starved: the refill goes on
+                if ids is not None:
                     return ids
-                if self._error is not None:
-                    raise self._error
-                if self._closed:
-                    raise ValueError("the client was closed")
-                self.depth.starved()
-                self._cond.notify()
                 self._cond.wait(1.0)
 
     def _refill(self) -> None:
+        prefetch = self.prefetch
         try:
             while True:
                 with self._cond:
-                    while not self.depth.wanted_ids(len(self._blocks)) and not self._closed:
+                    while not prefetch.wanted() and not prefetch.closed:
                         self._cond.wait(1.0)
-                    if self._closed:
+                    if prefetch.closed:
                         return
-                    want = self.depth.wanted_ids(len(self._blocks))
-                blocks = self._source._reserve(want, chunk=self.depth.batch)
-                now = time.monotonic_ns()
+                    want = prefetch.wanted()
+                blocks = self._source._reserve(want, chunk=prefetch.depth.batch)
                 with self._cond:
-                    self._blocks.extend((now, b.range()) for b in blocks)
+                    prefetch.add(blocks, time.monotonic_ns())
                     self._cond.notify_all()
         except SnowfenceError as exc:
             with self._cond:
-                self._error = exc
+                prefetch.error = exc
                 self._cond.notify_all()
         finally:
             self._source.close()
 
     def close(self) -> None:
         with self._cond:
-            self._closed = True
+            self.prefetch.closed = True
             self._cond.notify_all()
         # A refill in flight ends by itself (reply or timeout); the thread is a
         # daemon and closes its socket on the way out.

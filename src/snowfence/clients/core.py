@@ -1,15 +1,17 @@
 """The sans-I/O heart of both clients: request ids, framing, matching, planning.
 
-Nothing here touches a socket or a clock; the blocking and asyncio clients feed
+Nothing here waits on a socket or reads a clock; the blocking and asyncio clients feed
 it reply bodies and the monotonic time, and do what it says. That keeps the
 rules in one place: how a large reservation is split, what a partial grant
 means, which errors are retried and after what back-off, when a timeout gives
 up, when the connection is reset (:class:`ReserveRound`), how often STATUS is
 asked again (:class:`StatusRound`), which endpoints there are, when to ask the
-cluster for them and which one to go to when the current one fails
-(:class:`Directory`, :meth:`ClientBase._discovery`), and how many blocks
-``ids()`` keeps in hand (:class:`PrefetchDepth`). The two clients differ only
-in how they wait.
+cluster for them, which one to go to when the current one fails and when a
+move may close the connection (:class:`Directory`, :meth:`ClientBase._discovery`),
+how many blocks ``ids()`` keeps in hand and which it hands out
+(:class:`PrefetchDepth`, :class:`Prefetch`), and what the constructor takes
+(:class:`ClientBase`). The two clients differ only in how they wait; the one
+thing here that touches a socket is how both open theirs (``_dealer``).
 """
 
 from __future__ import annotations
@@ -158,6 +160,10 @@ class Core:
     def expired(self, now_ns: int) -> list[Pending]:
         return [p for p in self.inflight.values() if p.deadline_ns <= now_ns]
 
+    def answerable(self, now_ns: int) -> bool:
+        """Whether a request in flight may still be answered (one is not past its deadline)."""
+        return any(p.deadline_ns > now_ns for p in self.inflight.values())
+
     def next_deadline_ns(self) -> int | None:
         return min((p.deadline_ns for p in self.inflight.values()), default=None)
 
@@ -280,17 +286,26 @@ class Directory:
 
 class ClientBase:
     """What both clients keep that no socket touches: endpoints and whose turn it
-    is, timeout and retry settings, the request-id core, and CURVE keys."""
+    is, timeout and retry settings, the request-id core, and CURVE keys; and the
+    one way both open their DEALER socket (:meth:`_dealer`).
+
+    Its constructor is both clients': ``context`` is a ``zmq.Context`` for
+    :class:`~snowfence.Client` and a ``zmq.asyncio.Context`` for
+    :class:`~snowfence.AsyncClient` (default: the shared instance); a client
+    keeps what its transport needs in :meth:`_init_transport`.
+    """
 
     def __init__(
         self,
         endpoints: str | Sequence[str],
         *,
-        timeout_s: float,
-        retries: int,
-        window: int,
-        server_key: str | bytes | None,
-        client_key: str | None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        window: int = DEFAULT_WINDOW,
+        context=None,
+        server_key: str | bytes | None = None,
+        client_key: str | None = None,
+        wait_for_server: bool = False,
         discover: bool = True,
         region: int | None = None,
     ) -> None:
@@ -323,14 +338,39 @@ class ClientBase:
         #: Retry (up to ``retries``) even while no endpoint has ever replied: for a
         #: client that starts before its server does. Off: give up after one
         #: timeout per endpoint, saying that no server answered.
-        self.wait_for_server = False
+        self.wait_for_server = wait_for_server
+        #: Where an answer to NODES said to go while other requests were in flight.
+        self._move_later: str | None = None
         if server_key is not None:
-            from .security import Curve
+            from ..curve import Curve
 
             #: CURVE settings when the broker encrypts (``server_key``: its public key or certificate file).
             self.curve = Curve.for_client(server_key, client_key)
         else:
             self.curve = None
+        #: The ZeroMQ context the transport opens its sockets on (None: its default).
+        self._ctx = context
+        self._init_transport()
+
+    def _init_transport(self) -> None:
+        """What the transport keeps (its socket, its waiters); called last by the constructor."""
+
+    def _dealer(self):
+        """A DEALER socket as both clients open one: on their context, no linger, CURVE when
+        the broker encrypts, connected to the endpoint in use."""
+        import zmq
+
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            self.curve.apply(sock)
+        sock.connect(self.endpoint)
+        return sock
+
+    def _reset(self, rotate: bool) -> None:
+        """Drop the connection: nothing on it will be answered (a transport closes its socket
+        first). With ``rotate`` its endpoint failed (see :meth:`_forget_connection`)."""
+        self._forget_connection(rotate)
 
     @property
     def endpoints(self) -> list[str]:
@@ -342,10 +382,16 @@ class ClientBase:
         return self.directory.current
 
     def _discovery(self, now_ns: int) -> tuple[Pending, bytes] | None:
-        """The NODES request to send before a call, when it is time to ask; None otherwise.
+        """Before a call: make the move an earlier answer asked for, once no request in
+        flight can still be answered; then the NODES request to send, when it is time to
+        ask (None otherwise).
 
         Not before any broker has answered: until then a call says that no server
         answered rather than wait for NODES first."""
+        if self._move_later is not None and not self._core.answerable(now_ns):
+            target, self._move_later = self._move_later, None
+            if target in self.endpoints and target != self.endpoint:
+                self._switch_to(target)
         if not self.directory.due(now_ns) or not self._core.heard:
             return None
         self.directory.asked(now_ns)
@@ -353,12 +399,28 @@ class ClientBase:
 
     def _discovered(self, reply: protocol.Reply | None) -> str | None:
         """Take the reply to :meth:`_discovery`'s request (None when there was none in
-        time: the client has reset, as after any timeout); the endpoint to move to, if any.
-        Discovery never fails a call."""
+        time: the client has reset, as after any timeout), and move where it says.
+
+        The move closes the connection, and with it every request still on it: while
+        other requests are in flight (another task's, on the asyncio client), it waits
+        for them, until a later call finds none. Returns the endpoint moved to now, if
+        any. Discovery never fails a call."""
         if reply is None or reply.nodes is None:
             return None
         self.directory.answered()
-        return self.directory.learn(reply.nodes)
+        target = self.directory.learn(reply.nodes)
+        if target is None:
+            return None
+        if self._core.inflight:
+            self._move_later = target
+            return None
+        self._switch_to(target)
+        return target
+
+    def _switch_to(self, endpoint: str) -> None:
+        """Close the connection (nothing failed) and use ``endpoint`` from the next one on."""
+        self._reset(rotate=False)
+        self._move_to(endpoint)
 
     def _move_to(self, endpoint: str) -> None:
         """Use ``endpoint`` from the next connection on (the caller closed the old one)."""
@@ -713,6 +775,47 @@ class PrefetchDepth:
     def wanted_ids(self, in_hand: int) -> int:
         """IDs to reserve now with ``in_hand`` blocks held (0: enough)."""
         return max(0, self.target - in_hand) * self.batch
+
+
+class Prefetch:
+    """The blocks ``ids()`` keeps in hand, and what the refill left to say: both clients
+    hold their blocks here and differ only in how the consumer and the refill wait
+    for each other (a condition variable, or asyncio events).
+
+    The consumer calls :meth:`take` and, when it gives None, waits for the refill
+    to :meth:`add` blocks (or to fail: :meth:`take` then raises its error); the
+    refill asks for :meth:`wanted` IDs whenever that is not 0.
+    """
+
+    def __init__(self, depth: PrefetchDepth) -> None:
+        self.depth = depth
+        #: (monotonic ns when fetched, the block's IDs), oldest first.
+        self.blocks: deque[tuple[int, range]] = deque()
+        #: Why the refill stopped, for the consumer to raise once the blocks in hand are used.
+        self.error: SnowfenceError | None = None
+        self.closed = False
+
+    def take(self, now_ns: int) -> range | None:
+        """The next block's IDs, passing over stale ones; None when none is in hand (the
+        consumer waits, and the depth grows). Raises the refill's error, or ValueError
+        once the client is closed, when nothing is left in hand."""
+        while self.blocks:
+            fetched_ns, ids = self.blocks.popleft()
+            if not self.depth.stale(fetched_ns, now_ns):
+                return ids
+        if self.error is not None:
+            raise self.error
+        if self.closed:
+            raise ValueError("the client was closed")
+        self.depth.starved()
+        return None
+
+    def wanted(self) -> int:
+        """IDs the refill should reserve now (0: enough in hand, or closed)."""
+        return 0 if self.closed else self.depth.wanted_ids(len(self.blocks))
+
+    def add(self, blocks: list[Block], now_ns: int) -> None:
+        self.blocks.extend((now_ns, b.range()) for b in blocks)
 
 
 def as_array(blocks: list[Block]):

@@ -26,6 +26,7 @@ from pathlib import Path
 from ..errors import LeaseLost, SnowfenceError, StateDirError
 from ..ids import Layout
 from ..logs import event
+from .durable import write_atomic
 from .minter import NEVER_NS, Minter
 
 log = logging.getLogger("snowfence.lease")
@@ -242,12 +243,8 @@ class PreferenceFile:
         lines += [f"{w} {t}" for w, t in sorted(tokens.items()) if w != worker_id]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            with open(tmp, "w") as f:
-                f.write("\n".join(lines) + "\n")
-                f.flush()
-                os.fsync(f.fileno())  # its tokens are a guard: keep them across a crash
-            os.replace(tmp, self.path)
+            # Durable (the directory fsynced too): its tokens are a guard, kept across a crash.
+            write_atomic(self.path, ("\n".join(lines) + "\n").encode())
         except OSError as exc:  # losing a preference costs churn and weakens the rollback check, no more
             log.warning("cannot record last worker ID in %s: %s", self.path, exc)
 

@@ -69,7 +69,7 @@ def open_store(config: Config) -> Store:
             window_ms=window_ms,
             journal=Journal(config.journal_path, "embedded"),
         )
-    from .etcd import EtcdStore
+    from ..etcd.store import EtcdStore
 
     journal = Journal(config.journal_path, journal_name(config), marks_store_wide=True)
     return EtcdStore(config, journal=journal)

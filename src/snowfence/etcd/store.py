@@ -1,13 +1,7 @@
-"""Worker-ID leases in etcd, and the time high-water mark next to them.
+"""A worker's leases on worker IDs in etcd, and the time high-water mark next to them.
 
-Keys, under ``/snowfence/<cluster>/``::
-
-    layout                        the cluster's ID layout and the store's genesis (see genesis.py)
-    nodes/<node>                  a live node's entry (endpoints, region, worker IDs...), under its own lease
-    regions/<region>              a region number this cluster's nodes use (no lease: it stays)
-    workers/<region>/<worker>     the claim: holder (JSON), attached to a 10 s lease
-    marks/<region>/<worker>       {"reserved_until_ms", "token", "holder", "store", "layout"}: no lease,
-                                  it outlives owners
+The keys are in :mod:`.keys`: a claim per worker ID under ``workers/``, held
+by a lease, and its mark under ``marks/``, which outlives owners.
 
 A claim reads the genesis and the region's claims and marks in one
 transaction, then claims in a second one, guarded on what it read:
@@ -24,27 +18,23 @@ restored learns it at its next renewal: it fences at once, puts back what only
 it knows, and lets go.
 
 Every etcd call has a deadline (``etcd_timeout_s``) and every error of the
-client library is translated here, once, into :class:`EtcdUnavailable` or
-:class:`LeaseLost`. The client is created inside the worker process (gRPC
-channels do not survive fork) and rebuilt after repeated failures, which also
-renews an expired authentication token.
+client library becomes :class:`EtcdUnavailable` at the connection's one
+boundary (:mod:`.client`); what etcd's answers mean becomes :class:`LeaseLost`
+here. The client is created inside the worker process and rebuilt after
+repeated failures.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import random
 import time
 from collections.abc import Callable, Iterator
-from urllib.parse import quote, urlsplit
 
 import orjson
 
 from ..config import Config
 from ..errors import (
-    ConfigError,
     EtcdUnavailable,
     LayoutMismatch,
     LeaseLost,
@@ -54,48 +44,13 @@ from ..errors import (
 )
 from ..ids import Layout
 from ..logs import event
-from .genesis import Genesis
-from .journal import Journal
-from .lease import Lease, Store, exclusivity_lost
+from ..workers.genesis import Genesis
+from ..workers.journal import Journal
+from ..workers.lease import Lease, Store, exclusivity_lost
+from . import keys
+from .client import Connection, etcd_call
 
 log = logging.getLogger("snowfence.etcd")
-
-#: Consecutive failed calls after which the client (channels, auth token) is rebuilt.
-REBUILD_AFTER_FAILURES = 3
-
-
-def _etcd_call(method):
-    """The one boundary where etcd client errors become snowfence errors.
-
-    Every method that calls etcd is wrapped, as ``name = _etcd_call(name)`` right
-    after its body rather than with ``@``: mutation testing (mutmut) leaves
-    decorated functions out, and these are the ones that matter most.
-    """
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        store = self if isinstance(self, EtcdStore) else self._store
-        try:
-            result = method(self, *args, **kwargs)
-        except SnowfenceError:
-            raise
-        except Exception as exc:  # grpc.RpcError, the library's own exceptions, ValueError from a dead channel
-            store._failed(exc)
-            raise EtcdUnavailable(f"etcd call {method.__name__} failed: {_describe(exc)}") from None
-        store._succeeded()
-        return result
-
-    return wrapper
-
-
-def _describe(exc: Exception) -> str:
-    details = getattr(exc, "details", None)
-    if callable(details):
-        try:
-            return f"{exc.code().name}: {details()}"
-        except Exception:
-            pass
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class EtcdLease(Lease):
@@ -125,6 +80,11 @@ class EtcdLease(Lease):
         self.ttl_s = ttl_s
         self._ttl_at_ns = store.mono_ns()
 
+    @property
+    def connection(self) -> EtcdStore:
+        """Whose client the lease's calls use (and whose failures they count)."""
+        return self._store
+
     def _guard(self) -> list:
         tx = self._store.client.transactions
         return [tx.create(self.claim_key) == self.token, tx.mod(self.mark_key) == self.mark_rev]
@@ -141,7 +101,7 @@ class EtcdLease(Lease):
         self.ttl_s = ttl
         self._ttl_at_ns = self._store.mono_ns()
 
-    refresh = _etcd_call(refresh)
+    refresh = etcd_call(refresh)
 
     def _write(self, until_ms: int | None) -> None:
         """One guarded transaction: put the mark at ``until_ms`` (None: write nothing, confirm)."""
@@ -192,12 +152,12 @@ class EtcdLease(Lease):
     def extend(self, until_ms: int) -> None:
         self._write(until_ms)
 
-    extend = _etcd_call(extend)
+    extend = etcd_call(extend)
 
     def confirm(self) -> None:
         self._write(None)
 
-    confirm = _etcd_call(confirm)
+    confirm = etcd_call(confirm)
 
     def release(self, last_used_ms: int) -> None:
         if self.released:
@@ -220,7 +180,7 @@ class EtcdLease(Lease):
             self.reserved_until_ms = mark_ms
         client.revoke_lease(self.lease_id)
 
-    _release = _etcd_call(_release)
+    _release = etcd_call(_release)
 
     def abandon(self) -> None:
         # Nothing to close locally; the lease lapses in etcd on its own.
@@ -233,34 +193,7 @@ class EtcdLease(Lease):
         return {**super().describe(), "store": "etcd", "lease_id": f"{self.lease_id:x}", "lease_ttl_s": self.ttl_s}
 
 
-#: The etcd client's top-level modules, from the ``etcd`` extra.
-CLIENT_MODULES = ("pyetcd", "grpc", "google.protobuf")
-
-
-def require_client() -> None:
-    """A ConfigError naming the extra when the etcd client is not installed.
-
-    It is an optional dependency (``pip install 'snowfence[etcd]'``): clients,
-    ``decode`` and embedded mode never need it. Looks, without importing.
-    """
-    import importlib.util
-
-    missing = []
-    for name in CLIENT_MODULES:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(name)
-    if missing:
-        raise ConfigError(
-            f"etcd mode needs the etcd client, which is not installed (no {', '.join(missing)}): "
-            "pip install 'snowfence[etcd]'"
-        )
-
-
-class EtcdStore(Store):
+class EtcdStore(Connection, Store):
     """Leases on the worker IDs of one region of one cluster."""
 
     skips_far_marks = True
@@ -272,11 +205,10 @@ class EtcdStore(Store):
         journal: Journal | None = None,
         wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
-        require_client()
-        self.config = config
+        super().__init__(config)
         #: The wall clock a genesis is stamped with and a quarantine counted from (the minter's).
         self._wall_ns = wall_ns
-        #: The node's witness of this store (workers pass theirs; status and membership read without one).
+        #: The node's witness of this store (workers pass theirs; accept-restore reads without one).
         self.journal = journal
         #: This node's reservation window, recorded in the genesis if it is the longest.
         self.window_ms = int(config.reservation_window_s * 1000)
@@ -289,90 +221,7 @@ class EtcdStore(Store):
         self.mono_ns = mono_ns
         self.layout = config.layout
         self.region = self.layout.check_region(config.region)
-        self.prefix = f"/snowfence/{config.cluster}/"
-        self.timeout_s = config.etcd_timeout_s
-        self.endpoints = [_parse_endpoint(url) for url in config.etcd]
-        if any(secure for _, _, secure in self.endpoints) and not config.etcd_ca:
-            raise ConfigError("https etcd endpoints need etcd_ca (the CA certificate file)")
-        self._client = None
-        self._failures = 0
         self._claim_lease: tuple[int, int] | None = None
-
-    # -- the client ------------------------------------------------------------------------
-
-    def _current_client(self):
-        if self._client is None:
-            self._client = self._build_client()
-        return self._client
-
-    #: The etcd client, built on first use and again after :meth:`_rebuild`.
-    client = property(_current_client)
-
-    def _build_client(self):
-        import grpc
-        from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
-
-        creds = None
-        if self.config.etcd_ca:
-            try:
-
-                def read(path):
-                    with open(path, "rb") as f:
-                        return f.read()
-
-                creds = grpc.ssl_channel_credentials(
-                    read(self.config.etcd_ca),
-                    read(self.config.etcd_key) if self.config.etcd_key else None,
-                    read(self.config.etcd_cert) if self.config.etcd_cert else None,
-                )
-            except OSError as exc:
-                raise ConfigError(f"cannot read etcd TLS files: {exc}") from None
-        endpoints = [
-            Endpoint(host, port, secure=secure, creds=creds if secure else None, time_retry=0.5)
-            for host, port, secure in self.endpoints
-        ]
-        random.shuffle(endpoints)  # spread the nodes of a cluster over its members
-        return MultiEndpointEtcd3Client(
-            endpoints=endpoints,
-            timeout=self.timeout_s,
-            user=self.config.etcd_user or None,
-            password=self.config.etcd_password or None,
-            failover=True,
-        )
-
-    def _failed(self, exc: Exception) -> None:
-        self._failures += 1
-        text = str(exc).lower()
-        client = self._client
-        if client is not None and client.endpoints:
-            # Move on to the next member, round robin, so a retry never goes back to
-            # the one that just failed. The library's own failure marks count wall-clock
-            # time, and after a step back they could lock every member out for hours:
-            # clear them; our back-off paces the retries. (A private attribute: the
-            # library is pinned to one version.)
-            labels = list(client.endpoints)
-            for endpoint in client.endpoints.values():
-                endpoint.last_failed = 0
-            current = client._current_endpoint_label
-            nxt = labels[(labels.index(current) + 1) % len(labels)] if current in labels else labels[0]
-            client._current_endpoint_label = nxt
-        if self._failures >= REBUILD_AFTER_FAILURES or "auth" in text or "token" in text:
-            self._rebuild()
-
-    def _succeeded(self) -> None:
-        self._failures = 0
-
-    def _rebuild(self) -> None:
-        client, self._client = self._client, None
-        self._failures = 0
-        if client is not None:
-            try:
-                client.close()
-            except Exception:
-                pass
-
-    def close(self) -> None:
-        self._rebuild()
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -426,7 +275,7 @@ class EtcdStore(Store):
         marks, claims = self.prefix + "marks/", self.prefix + "workers/"
         _, (layout_kv, mark_kvs, claim_kvs) = client.transaction(
             compare=[],
-            success=[tx.get(key), tx.get(marks, _range_end(marks)), tx.get(claims, _range_end(claims))],
+            success=[tx.get(key), tx.get(marks, keys.range_end(marks)), tx.get(claims, keys.range_end(claims))],
             failure=[],
         )
         value, meta = layout_kv[0] if layout_kv else (None, None)
@@ -476,7 +325,7 @@ class EtcdStore(Store):
         if not recorded.upgraded or recorded.window_ms < self.window_ms:
             self._amend_genesis(lambda g: g)
 
-    check_layout = _etcd_call(check_layout)
+    check_layout = etcd_call(check_layout)
 
     def _get(self, key: str) -> tuple[bytes | None, object]:
         tx = self.client.transactions
@@ -509,7 +358,7 @@ class EtcdStore(Store):
             if not genesis.upgraded:
                 used: dict[int, set[int]] = {}
                 for _, mark_meta in client.get_prefix(self.prefix + "marks/", keys_only=True):
-                    place = _place(mark_meta.key, self.prefix + "marks/")
+                    place = keys.place(mark_meta.key, self.prefix + "marks/")
                     if place is not None:
                         used.setdefault(place[0], set()).add(place[1])
                 genesis = dataclasses.replace(
@@ -554,11 +403,11 @@ class EtcdStore(Store):
         now_unix_ms = self._wall_ns() // 1_000_000
         for _ in range(5):
             _, (layout_kv, mark_kvs) = client.transaction(
-                compare=[], success=[tx.get(key), tx.get(marks, _range_end(marks))], failure=[]
+                compare=[], success=[tx.get(key), tx.get(marks, keys.range_end(marks))], failure=[]
             )
             used: dict[int, set[int]] = {}
             for value, meta in mark_kvs:
-                place = _place(meta.key, marks)
+                place = keys.place(meta.key, marks)
                 if place is None:
                     continue
                 try:
@@ -604,7 +453,7 @@ class EtcdStore(Store):
                 return genesis
         raise EtcdUnavailable(f"the layout record {key} kept changing under this command")
 
-    accept_restore = _etcd_call(accept_restore)
+    accept_restore = etcd_call(accept_restore)
 
     def mark_value(self, mark_ms: int, holder: str, token: int | None) -> bytes:
         return orjson.dumps(
@@ -639,7 +488,11 @@ class EtcdStore(Store):
         claims, marks = f"{self.prefix}workers/{self.region}/", f"{self.prefix}marks/{self.region}/"
         _, (genesis_kv, claim_kvs, mark_kvs) = client.transaction(
             compare=[],
-            success=[tx.get(self.layout_key()), tx.get(claims, _range_end(claims)), tx.get(marks, _range_end(marks))],
+            success=[
+                tx.get(self.layout_key()),
+                tx.get(claims, keys.range_end(claims)),
+                tx.get(marks, keys.range_end(marks)),
+            ],
             failure=[],
         )
         if not genesis_kv:
@@ -659,13 +512,13 @@ class EtcdStore(Store):
             self._adopt(genesis, meta)
         self._marks = {}
         for value, mark_meta in mark_kvs:
-            place = _place(mark_meta.key, self.prefix + "marks/")
+            place = keys.place(mark_meta.key, self.prefix + "marks/")
             if place is None or place[0] != self.region:
                 continue
             self._marks[place[1]] = (value, mark_meta.mod_revision)
             if self.journal is not None:
                 try:
-                    ms = self._mark_ms(orjson.loads(value))
+                    ms = keys.mark_ms(orjson.loads(value), self.layout)
                 except (KeyError, TypeError, ValueError):
                     ms = None
                 self.journal.check_mark(self.region, place[1], mark_meta.mod_revision, ms)
@@ -673,12 +526,12 @@ class EtcdStore(Store):
             self.journal.save_if_changed()
         taken = set()
         for _, claim_meta in claim_kvs:
-            place = _place(claim_meta.key, self.prefix + "workers/")
+            place = keys.place(claim_meta.key, self.prefix + "workers/")
             if place is not None and place[0] == self.region:
                 taken.add(place[1])
         return taken
 
-    _read_region = _etcd_call(_read_region)
+    _read_region = etcd_call(_read_region)
 
     def taken(self) -> set[int]:
         return self._read_region()
@@ -705,7 +558,7 @@ class EtcdStore(Store):
         lease = self.client.lease(self.config.lease_ttl_s)
         return lease.id, lease.ttl
 
-    _grant = _etcd_call(_grant)
+    _grant = etcd_call(_grant)
 
     def _revoke_quietly(self, lease_id: int) -> None:
         try:
@@ -716,16 +569,7 @@ class EtcdStore(Store):
     def _revoke(self, lease_id: int) -> None:
         self.client.revoke_lease(lease_id)
 
-    _revoke = _etcd_call(_revoke)
-
-    def _mark_ms(self, mark: dict) -> int:
-        """A mark's ``reserved_until_ms``, if it is one we could have written.
-
-        Raises ValueError (or KeyError, TypeError) for anything else."""
-        ms = mark["reserved_until_ms"]
-        if type(ms) is not int or not 0 <= ms <= self.layout.max_ms:
-            raise ValueError(f"reserved_until_ms is {ms!r}")
-        return ms
+    _revoke = etcd_call(_revoke)
 
     def _floor(self, worker_id: int, now_ms: int | None) -> int:
         """The millisecond a claim of ``worker_id`` must mint above: the highest of its mark,
@@ -744,7 +588,7 @@ class EtcdStore(Store):
         else:
             try:
                 mark = orjson.loads(value)
-                floors.append(self._mark_ms(mark))
+                floors.append(keys.mark_ms(mark, self.layout))
             except (KeyError, TypeError, ValueError):  # orjson's errors are ValueErrors
                 # A mark we cannot read could hide a later timestamp: pass over it.
                 raise WorkerIdUnusable(f"the mark of worker ID {worker_id} is unreadable") from None
@@ -820,157 +664,7 @@ class EtcdStore(Store):
         self.note_mark(worker_id, mark_meta.mod_revision, floor, mark_meta)
         return EtcdLease(self, lease_id, worker_id, token, floor, ttl, holder, mark_rev=mark_meta.mod_revision)
 
-    try_claim = _etcd_call(try_claim)
+    try_claim = etcd_call(try_claim)
 
     def describe(self) -> dict:
         return {"store": "etcd", "cluster": self.config.cluster, "endpoints": list(self.config.etcd)}
-
-    def census(self) -> list[dict]:
-        """Every worker ID of the cluster that has a claim or a mark, in any region.
-
-        A worker ID with a mark but no claim is retired: free to claim, but a new
-        owner mints nothing until its clock has passed the mark (the mark makes the
-        old idea of a tombstone quarantine exact). One whose mark cannot be read is
-        ``unreadable`` (a claim passes it over), or held with no ``mark_ms``; keys
-        that name no region and worker ID are left out.
-        """
-        client = self.client
-        entries: dict[tuple[int, int], dict] = {}
-        for value, meta in client.get_prefix(self.prefix + "marks/"):
-            place = _place(meta.key, self.prefix + "marks/")
-            if place is None:
-                continue
-            region, worker = place
-            try:
-                mark = orjson.loads(value)
-                entry = {
-                    "state": "retired",
-                    "mark_ms": self._mark_ms(mark),
-                    "mark_token": mark.get("token"),
-                    "last_holder": mark.get("holder"),
-                }
-            except (KeyError, TypeError, ValueError, AttributeError):  # orjson's errors are ValueErrors
-                entry = {"state": "unreadable", "mark_ms": None}
-            entries[place] = {"region": region, "worker_id": worker, **entry}
-        for value, meta in client.get_prefix(self.prefix + "workers/"):
-            place = _place(meta.key, self.prefix + "workers/")
-            if place is None:
-                continue
-            region, worker = place
-            entry = entries.setdefault(place, {"region": region, "worker_id": worker, "mark_ms": None})
-            try:
-                holder = orjson.loads(value).get("holder")
-            except (ValueError, AttributeError):
-                holder = None
-            info = client.get_lease_info(meta.lease_id) if meta.lease_id else None
-            entry.update(
-                {
-                    "state": "held",
-                    "holder": holder,
-                    "token": meta.create_revision,
-                    "lease_id": f"{meta.lease_id:x}",
-                    "lease_remaining_s": info.TTL if info is not None else None,
-                    "renewed_ago_s": (info.grantedTTL - info.TTL) if info is not None and info.TTL >= 0 else None,
-                }
-            )
-        return [entries[k] for k in sorted(entries)]
-
-    census = _etcd_call(census)
-
-    # -- node membership (the broker's, not a worker's) ----------------------------------
-
-    def node_key(self, name: str) -> str:
-        return f"{self.prefix}nodes/{quote(name, safe='')}"
-
-    def grant_lease(self, ttl_s: int) -> int:
-        return self.client.lease(ttl_s).id
-
-    grant_lease = _etcd_call(grant_lease)
-
-    def refresh_lease(self, lease_id: int) -> bool:
-        """Renew a lease; False if it has expired."""
-        ttl = None
-        for response in self.client.refresh_lease(lease_id):
-            ttl = response.TTL
-        return ttl is not None and ttl > 0
-
-    refresh_lease = _etcd_call(refresh_lease)
-
-    def put_node(self, name: str, entry: dict, lease_id: int) -> None:
-        self.client.put(self.node_key(name), orjson.dumps(entry), lease=lease_id)
-
-    put_node = _etcd_call(put_node)
-
-    def remove_node(self, name: str, lease_id: int) -> None:
-        self.client.delete(self.node_key(name))
-        self.client.revoke_lease(lease_id)
-
-    remove_node = _etcd_call(remove_node)
-
-    def nodes(self) -> list[dict]:
-        """The live nodes' entries (each under its node's lease), by name; unreadable ones left out."""
-        out = []
-        for value, _ in self.client.get_prefix(self.prefix + "nodes/"):
-            try:
-                entry = orjson.loads(value)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(entry, dict) and isinstance(entry.get("node"), str):
-                eps = entry.get("endpoints")
-                if not isinstance(eps, list) or not all(isinstance(ep, str) for ep in eps):
-                    entry["endpoints"] = []  # unusable: listed, but nobody connects to it
-                out.append(entry)
-        return sorted(out, key=lambda e: e["node"])
-
-    nodes = _etcd_call(nodes)
-
-    def record_region(self, region: int, node: str) -> None:
-        """Note that this cluster has nodes of ``region`` (no lease: the record stays)."""
-        key = f"{self.prefix}regions/{region}"
-        tx = self.client.transactions
-        self.client.transaction(
-            compare=[tx.create(key) == 0], success=[tx.put(key, orjson.dumps({"first_node": node}))], failure=[]
-        )
-
-    record_region = _etcd_call(record_region)
-
-    def regions(self) -> list[int]:
-        """The region numbers this cluster's nodes have used."""
-        out = set()
-        for _, meta in self.client.get_prefix(self.prefix + "regions/", keys_only=True):
-            try:
-                out.add(int(meta.key.decode().rsplit("/", 1)[1]))
-            except ValueError:
-                continue
-        return sorted(out)
-
-    regions = _etcd_call(regions)
-
-
-def _range_end(prefix: str) -> str:
-    """The end of the key range of ``prefix`` (its last character plus one)."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
-
-
-def _place(key: bytes, prefix: str) -> tuple[int, int] | None:
-    """The region and worker ID of ``<prefix><region>/<worker>``; None for any other key."""
-    try:
-        rest = key.decode()
-    except UnicodeDecodeError:
-        return None
-    parts = rest[len(prefix) :].split("/") if rest.startswith(prefix) else []
-    if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):
-        return None
-    return int(parts[0]), int(parts[1])
-
-
-def _parse_endpoint(url: str) -> tuple[str, int, bool]:
-    unusable = ConfigError(f"etcd endpoint {url!r} must look like http://host:port or https://host:port")
-    try:
-        parts = urlsplit(url)  # ValueError: a bracketed host that does not close
-        port = parts.port  # ValueError: not a number, or out of range
-    except ValueError:
-        raise unusable from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port:
-        raise unusable
-    return parts.hostname, port, parts.scheme == "https"

@@ -1,0 +1,242 @@
+"""One ID per round trip, from one Python process: snowfence beside Redis, side by side.
+
+What a user who takes one ID per event (a web request creating one row) compares.
+Each round measures, one after the other in this process, for ``--duration`` s each:
+
+- ``Client.reserve(1)`` of snowfence's blocking client against a node on TCP loopback;
+- the same request from a bare DEALER socket (what the client library itself costs);
+- Redis ``INCR`` through redis-py, one per round trip, on TCP loopback;
+- a bare pyzmq ROUTER echo in another Python process (one ZeroMQ hop, no work);
+- ``AsyncClient.reserve(1)`` and redis-py's asyncio client, likewise (uvloop if installed).
+
+Rounds interleave the variants; the table shows the median over rounds of each
+round's p50 and p99. The node is started by this script (``snowfence serve`` on
+a free port, its defaults otherwise), as are Redis (Debian's ``redis-server``) and
+the echo; all are stopped at the end. Needs ``pip install -e '.[bench]'``.
+
+    python benchmarks/single_id.py [--runs 3] [--duration 3] [--serve-args "..."]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import median, wait_ready
+
+from snowfence import AsyncClient, Client, protocol
+
+ECHO = """
+import sys, zmq
+ctx = zmq.Context()
+s = ctx.socket(zmq.ROUTER)
+s.bind(sys.argv[1])
+reply = bytes.fromhex(sys.argv[2])
+print("ready", flush=True)
+while True:
+    ident, body = s.recv_multipart()
+    s.send_multipart([ident, reply])
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def quantiles(samples_ns: list[int]) -> dict:
+    s = sorted(samples_ns)
+    return {"p50": s[len(s) // 2] / 1000, "p99": s[min(len(s) - 1, int(len(s) * 0.99))] / 1000, "n": len(s)}
+
+
+def timed(call, duration_s: float) -> dict:
+    for _ in range(200):  # warm
+        call()
+    out = []
+    end = time.monotonic() + duration_s
+    clock = time.perf_counter_ns
+    while time.monotonic() < end:
+        t0 = clock()
+        call()
+        out.append(clock() - t0)
+    return quantiles(out)
+
+
+async def atimed(call, duration_s: float) -> dict:
+    for _ in range(200):
+        await call()
+    out = []
+    end = time.monotonic() + duration_s
+    clock = time.perf_counter_ns
+    while time.monotonic() < end:
+        t0 = clock()
+        await call()
+        out.append(clock() - t0)
+    return quantiles(out)
+
+
+def snowfence_client(endpoint: str, duration_s: float) -> dict:
+    with Client(endpoint, timeout_s=5.0) as client:
+        return timed(lambda: client.reserve(1), duration_s)
+
+
+def raw_dealer(endpoint: str, duration_s: float) -> dict:
+    import zmq
+
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    ids = iter(range(1, 1 << 62))
+
+    def call():
+        sock.send(protocol.encode_reserve(next(ids) & 0xFFFFFFFF, 1))
+        protocol.decode_reply(sock.recv())
+
+    try:
+        return timed(call, duration_s)
+    finally:
+        sock.close(0)
+
+
+def redis_incr(port: int, duration_s: float) -> dict:
+    import redis
+
+    r = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        return timed(lambda: r.incr("id"), duration_s)
+    finally:
+        r.close()
+
+
+def zmq_echo(endpoint: str, duration_s: float) -> dict:
+    import zmq
+
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    request = protocol.encode_reserve(1, 1)
+
+    def call():
+        sock.send(request)
+        sock.recv()
+
+    try:
+        return timed(call, duration_s)
+    finally:
+        sock.close(0)
+
+
+async def async_snowfence(endpoint: str, duration_s: float) -> dict:
+    async with AsyncClient(endpoint, timeout_s=5.0) as client:
+        return await atimed(lambda: client.reserve(1), duration_s)
+
+
+async def async_redis(port: int, duration_s: float) -> dict:
+    import redis.asyncio as aredis
+
+    r = aredis.Redis(host="127.0.0.1", port=port)
+    try:
+        return await atimed(lambda: r.incr("id"), duration_s)
+    finally:
+        await r.aclose()
+
+
+def run_async(coro):
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per variant per round")
+    parser.add_argument("--serve-args", default="", help="more arguments for snowfence serve")
+    args = parser.parse_args()
+    if shutil.which("redis-server") is None:
+        sys.exit("redis-server is not installed (Debian: apt-get install redis-server)")
+    root = Path(tempfile.mkdtemp(prefix="sf-single-"))
+    node_port, redis_port, echo_port = free_port(), free_port(), free_port()
+    node_ep, echo_ep = f"tcp://127.0.0.1:{node_port}", f"tcp://127.0.0.1:{echo_port}"
+    procs = []
+    try:
+        serve = [sys.executable, "-m", "snowfence", "serve", "--bind", node_ep, "--state-dir", str(root / "state")]
+        serve += shlex.split(args.serve_args)
+        log = open(root / "serve.log", "ab")
+        procs.append(subprocess.Popen(serve, stdout=log, stderr=log, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+        reply = protocol.encode_block(1, 1 << 40, 1).hex()
+        echo = subprocess.Popen(
+            [sys.executable, "-c", ECHO, echo_ep, reply], stdout=subprocess.PIPE, start_new_session=True, text=True
+        )
+        procs.append(echo)
+        echo.stdout.readline()
+        wait_ready(node_ep, 1)
+        import redis
+
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(host="127.0.0.1", port=redis_port).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        variants = {
+            "snowfence Client.reserve(1)": lambda: snowfence_client(node_ep, args.duration),
+            "snowfence, a bare DEALER": lambda: raw_dealer(node_ep, args.duration),
+            "Redis INCR, redis-py": lambda: redis_incr(redis_port, args.duration),
+            "pyzmq ROUTER echo (one hop)": lambda: zmq_echo(echo_ep, args.duration),
+            "snowfence AsyncClient.reserve(1)": lambda: run_async(async_snowfence(node_ep, args.duration)),
+            "Redis INCR, redis-py asyncio": lambda: run_async(async_redis(redis_port, args.duration)),
+        }
+        results: dict[str, list[dict]] = {name: [] for name in variants}
+        for run in range(1, args.runs + 1):
+            for name, fn in variants.items():
+                r = fn()
+                results[name].append(r)
+                print(f"run {run} {name:34s} p50 {r['p50']:7.0f}  p99 {r['p99']:7.0f} us  ({r['n']:,} calls)", flush=True)
+        print(f"\n{args.runs} rounds of {args.duration:g} s each, interleaved; medians of each round's quantiles\n")
+        print("| one ID per round trip | p50 us | p99 us | p50 per round | p99 per round |")
+        print("|---|---|---|---|---|")
+        for name, rs in results.items():
+            p50s, p99s = [r["p50"] for r in rs], [r["p99"] for r in rs]
+            print(
+                f"| {name} | {median(p50s):,.0f} | {median(p99s):,.0f} | "
+                f"{', '.join(f'{v:,.0f}' for v in p50s)} | {', '.join(f'{v:,.0f}' for v in p99s)} |"
+            )
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The cluster's own records in etcd: its nodes and regions, and a census of its worker IDs.
+
+A broker keeps its node's entry under ``nodes/<node>``, under a lease of its
+own, and notes its region under ``regions/<region>`` (no lease: the record
+stays); :mod:`snowfence.broker.membership` drives it, and ``snowfence status
+--etcd`` reads it back. The census reads the worker IDs' claims and marks of
+every region, for people: it writes nothing and claims nothing (that is the
+lease store's, :mod:`.store`).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import orjson
+
+from .client import Connection, etcd_call
+from .keys import mark_ms, place
+
+
+class Cluster(Connection):
+    """The nodes, regions and worker IDs of the cluster ``config`` names."""
+
+    def node_key(self, name: str) -> str:
+        return f"{self.prefix}nodes/{quote(name, safe='')}"
+
+    def grant_lease(self, ttl_s: int) -> int:
+        return self.client.lease(ttl_s).id
+
+    grant_lease = etcd_call(grant_lease)
+
+    def refresh_lease(self, lease_id: int) -> bool:
+        """Renew a lease; False if it has expired."""
+        ttl = None
+        for response in self.client.refresh_lease(lease_id):
+            ttl = response.TTL
+        return ttl is not None and ttl > 0
+
+    refresh_lease = etcd_call(refresh_lease)
+
+    def put_node(self, name: str, entry: dict, lease_id: int) -> None:
+        self.client.put(self.node_key(name), orjson.dumps(entry), lease=lease_id)
+
+    put_node = etcd_call(put_node)
+
+    def remove_node(self, name: str, lease_id: int) -> None:
+        self.client.delete(self.node_key(name))
+        self.client.revoke_lease(lease_id)
+
+    remove_node = etcd_call(remove_node)
+
+    def nodes(self) -> list[dict]:
+        """The live nodes' entries (each under its node's lease), by name; unreadable ones left out."""
+        out = []
+        for value, _ in self.client.get_prefix(self.prefix + "nodes/"):
+            try:
+                entry = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("node"), str):
+                eps = entry.get("endpoints")
+                if not isinstance(eps, list) or not all(isinstance(ep, str) for ep in eps):
+                    entry["endpoints"] = []  # unusable: listed, but nobody connects to it
+                out.append(entry)
+        return sorted(out, key=lambda e: e["node"])
+
+    nodes = etcd_call(nodes)
+
+    def record_region(self, region: int, node: str) -> None:
+        """Note that this cluster has nodes of ``region`` (no lease: the record stays)."""
+        key = f"{self.prefix}regions/{region}"
+        tx = self.client.transactions
+        self.client.transaction(
+            compare=[tx.create(key) == 0], success=[tx.put(key, orjson.dumps({"first_node": node}))], failure=[]
+        )
+
+    record_region = etcd_call(record_region)
+
+    def regions(self) -> list[int]:
+        """The region numbers this cluster's nodes have used."""
+        out = set()
+        for _, meta in self.client.get_prefix(self.prefix + "regions/", keys_only=True):
+            try:
+                out.add(int(meta.key.decode().rsplit("/", 1)[1]))
+            except ValueError:
+                continue
+        return sorted(out)
+
+    regions = etcd_call(regions)
+
+    def census(self) -> list[dict]:
+        """Every worker ID of the cluster that has a claim or a mark, in any region.
+
+        A worker ID with a mark but no claim is retired: free to claim, but a new
+        owner mints nothing until its clock has passed the mark (the mark makes the
+        old idea of a tombstone quarantine exact). One whose mark cannot be read is
+        ``unreadable`` (a claim passes it over), or held with no ``mark_ms``; keys
+        that name no region and worker ID are left out.
+        """
+        client = self.client
+        layout = self.config.layout
+        entries: dict[tuple[int, int], dict] = {}
+        for value, meta in client.get_prefix(self.prefix + "marks/"):
+            where = place(meta.key, self.prefix + "marks/")
+            if where is None:
+                continue
+            region, worker = where
+            try:
+                mark = orjson.loads(value)
+                entry = {
+                    "state": "retired",
+                    "mark_ms": mark_ms(mark, layout),
+                    "mark_token": mark.get("token"),
+                    "last_holder": mark.get("holder"),
+                }
+            except (KeyError, TypeError, ValueError, AttributeError):  # orjson's errors are ValueErrors
+                entry = {"state": "unreadable", "mark_ms": None}
+            entries[where] = {"region": region, "worker_id": worker, **entry}
+        for value, meta in client.get_prefix(self.prefix + "workers/"):
+            where = place(meta.key, self.prefix + "workers/")
+            if where is None:
+                continue
+            region, worker = where
+            entry = entries.setdefault(where, {"region": region, "worker_id": worker, "mark_ms": None})
+            try:
+                holder = orjson.loads(value).get("holder")
+            except (ValueError, AttributeError):
+                holder = None
+            info = client.get_lease_info(meta.lease_id) if meta.lease_id else None
+            entry.update(
+                {
+                    "state": "held",
+                    "holder": holder,
+                    "token": meta.create_revision,
+                    "lease_id": f"{meta.lease_id:x}",
+                    "lease_remaining_s": info.TTL if info is not None else None,
+                    "renewed_ago_s": (info.grantedTTL - info.TTL) if info is not None and info.TTL >= 0 else None,
+                }
+            )
+        return [entries[k] for k in sorted(entries)]
+
+    census = etcd_call(census)

@@ -1,0 +1,70 @@
+"""Which module may import which: the arrows of docs/ARCHITECTURE.md, read from the
+source (imports inside functions count too)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, anywhere in it, as absolute names."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            prefix = f"{base}.{node.module}" if node.level and node.module else (node.module or base)
+            found.add(prefix)
+            found.update(f"{prefix}.{alias.name}" for alias in node.names)  # a submodule, or a name in one
+    return found
+
+
+MODULES = {module_name(p): imports(p) for p in SRC.rglob("*.py")}
+
+
+def importers_of(target: str) -> set[str]:
+    return {m for m, found in MODULES.items() if any(f == target or f.startswith(target + ".") for f in found)}
+
+
+@pytest.mark.parametrize(
+    "module, never",
+    [
+        # The broker holds no client code; CURVE keys are shared through snowfence.curve.
+        ("snowfence.broker", "snowfence.clients"),
+        # The broker's membership is the cluster's records, not a worker's lease store.
+        ("snowfence.broker", "snowfence.etcd.store"),
+        ("snowfence.etcd.cluster", "snowfence.etcd.store"),
+        ("snowfence.etcd.store", "snowfence.etcd.cluster"),
+        # The supervisor is driven by the broker's loop and knows nothing of it.
+        ("snowfence.broker.supervisor", "snowfence.broker.main"),
+        # decode and the clients never import etcd code.
+        ("snowfence.clients", "snowfence.etcd"),
+        ("snowfence.ids", "snowfence.etcd"),
+        ("snowfence.curve", "snowfence.broker"),
+        ("snowfence.curve", "snowfence.clients"),
+    ],
+)
+def test_a_module_never_imports_what_it_must_not(module, never):
+    offenders = {m for m in importers_of(never) if m == module or m.startswith(module + ".")}
+    assert not offenders, f"{sorted(offenders)} import {never}"
+
+
+def test_the_lease_store_is_the_workers_and_the_cluster_records_the_brokers():
+    store_users = importers_of("snowfence.etcd.store")
+    assert all(m.startswith("snowfence.workers.") or m == "snowfence.cli" for m in store_users), store_users
+    cluster_users = importers_of("snowfence.etcd.cluster")
+    assert cluster_users == {"snowfence.broker.membership", "snowfence.cli"}, cluster_users
