@@ -282,6 +282,9 @@ class Proc:
         self.pid = 1000 + 10 * node.index + slot
         #: When a tick is due for the core's next claim (true time), if one is scheduled.
         self.claim_wake: int | None = None
+        #: The request the process is answering (its loop is busy until it has), and its causal token.
+        self.request_id = 0
+        self.asked_after: int | None = None
         #: The last claim this process tried: (incarnation, monotonic ns, failed).
         self.last_claim: tuple[int, int, bool] | None = None
 
@@ -540,18 +543,17 @@ class Checker:
 
     def asked(self, k: SimKeeper) -> None:
         """The core asks a worker ID to mint: one it still holds, once per request."""
-        w = self.w
         if k.stopped:
             self.fail(
                 f"worker ID {k.lease.worker_id} (token {k.lease.token}) was asked to mint after its process "
                 "dropped or released it"
             )
-        if k.asked_in == w.request_id:
+        if k.asked_in == k.proc.request_id:
             self.fail(
-                f"request {w.request_id} asked worker ID {k.lease.worker_id} twice: a worker ID that refused "
+                f"request {k.proc.request_id} asked worker ID {k.lease.worker_id} twice: a worker ID that refused "
                 "stayed in rotation"
             )
-        k.asked_in = w.request_id
+        k.asked_in = k.proc.request_id
 
     def answered(self, after: int | None, reply: bytes) -> None:
         """A block minted for a causal token sorts after it."""
@@ -666,8 +668,8 @@ class World:
         self.erased_high: dict[int, int] = {}
         #: Leases a restore of etcd took away: their holders learn it at their next renewal.
         self.restored_leases: set[int] = set()
-        #: Until when (true time) the last restore's claims are left alone (see ``delete_claim``).
-        self.restored_until = 0
+        #: Until when (true time) the cluster is down for a restore.
+        self.restoring_until = 0
         #: Workers that refused to boot on a store whose layout record is gone.
         self.boot_refusals: list[str] = []
         self.config = Config(**self.config_kwargs)
@@ -909,7 +911,8 @@ class World:
         if self.last_ids and rng.random() < 0.2:
             after = self.last_ids[int(rng.random() * len(self.last_ids))]
         self.request_id += 1
-        self.asked_after = after
+        p.request_id = self.request_id
+        p.asked_after = after  # (one request at a time per process: its loop is busy meanwhile)
         core = p.core
         core.heard = True
         frame = protocol.encode_work(0, b"sim", protocol.encode_reserve(self.request_id & 0xFFFFFFFF, n, after))
@@ -936,7 +939,7 @@ class World:
             _, _, reply = protocol.split_routed(frame)
             if reply[1] == protocol.ERROR:
                 self.counts["refused"] += 1
-            self.checker.answered(self.asked_after, reply)
+            self.checker.answered(p.asked_after, reply)
 
     def note_minted(self, first: int) -> None:
         """Keep some minted IDs, as causal tokens for later requests."""
@@ -1125,7 +1128,7 @@ class World:
         elif kind == "member_down":
             m = rng.randrange(EtcdServer.MEMBERS)
             self.etcd.member_down(m)
-            self.at(T + rng.randrange(1, 8 * NS), None, self.etcd.member_up, m)
+            self.at(T + rng.randrange(1, 8 * NS), None, self._member_up, m)
         elif kind == "member_unreachable":
             m = rng.randrange(EtcdServer.MEMBERS)
             node.cut.add(m)
@@ -1144,10 +1147,7 @@ class World:
         elif kind == "delete_claim":
             # An operator deletes a held worker ID's claim, and sometimes restarts its holder soon after.
             held = [(q, h) for q in procs for h in q.held]
-            if not held or T < self.restored_until:
-                # Within a lease TTL of a restore, a restored claim is what keeps others out
-                # until its holder renewed and put its mark back: deleting it by hand then is
-                # the combination RELIABILITY.md writes down as unguarded.
+            if not held:
                 return False
             q, h = held[rng.randrange(len(held))]
             self.etcd.delete_key(f"/snowfence/sim/workers/{self.region}/{h.lease.worker_id}")
@@ -1188,10 +1188,16 @@ class World:
             elif kind == "snapshot_restore":  # etcdutl snapshot restore, and etcd restarted
                 if not self.snapshots:
                     return False
-                self.forget(wids)
-                lost = etcd.restore(rng.choice(self.snapshots), bump=rng.choice([0, 0, 1000]))
-                self.restored_leases |= lost
-                self.restored_until = self.T + int(self.config.lease_ttl_s * NS)
+                # etcdutl restores stopped members' data directories: the cluster is down from
+                # the first member stopped to the restored one started, at least the reservation
+                # window and the skew bound (the guard RELIABILITY.md names for a restore).
+                if self.T < self.restoring_until:
+                    return False  # one restore at a time
+                for m in range(EtcdServer.MEMBERS):
+                    etcd.member_down(m)
+                down = self.window_ms * MS + self.config.max_clock_skew_ms * MS + rng.randrange(1, 3 * NS)
+                self.restoring_until = self.T + down + 1
+                self.at(self.T + down, None, self._restored, rng.choice(self.snapshots), rng.choice([0, 0, 1000]))
             elif kind == "delete_layout":
                 return etcd.delete_key(prefix + "layout") or False
             else:
@@ -1247,6 +1253,13 @@ class World:
             mark.write_bytes(value)
         return None
 
+    def _restored(self, snapshot, bump: int) -> None:
+        """The restored cluster starts."""
+        self.forget(range(self.layout.max_worker + 1))
+        self.restored_leases |= self.etcd.restore(snapshot, bump=bump)
+        self.restoring_until = self.T
+        self._all_up()
+
     def _step(self, clock: HostClock, dt: int) -> None:
         clock.off += dt
 
@@ -1257,9 +1270,13 @@ class World:
         if resume_behind:  # it resumes from where it stopped, not where it should be
             clock.off -= clock.wall() - frozen
 
+    def _member_up(self, m: int) -> None:
+        if self.T >= self.restoring_until:  # a member being restored stays down until its restore is done
+            self.etcd.member_up(m)
+
     def _all_up(self) -> None:
         for m in range(EtcdServer.MEMBERS):
-            self.etcd.member_up(m)
+            self._member_up(m)
 
     def restart(self, p: Proc) -> None:
         if not p.up:
@@ -1271,7 +1288,6 @@ class World:
         self.request_gap_ns = int(rng.choice(REQUEST_GAPS_MS) * MS)
         self.last_ids: list[int] = []
         self.request_id = 0
-        self.asked_after: int | None = None
         for c in ("refused", "claims"):
             self.counts[c] = 0
         try:

@@ -132,7 +132,6 @@ def _ready_world(kind: str):
     world.request_gap_ns = 10**12  # requests only when the test makes them
     world.last_ids = []
     world.request_id = 0
-    world.asked_after = None
     world.counts.update(refused=0, claims=0)
     world.start(p)
     for _ in range(400):
@@ -172,7 +171,7 @@ def test_a_mint_paused_after_its_checks_while_its_lock_file_is_removed_is_judged
         assert world.checker.mints == mints + 1  # it minted, and that is no violation
         assert h.keeper.lost is not None and "lock file" in str(h.keeper.lost)
         before = (h.minter.last_ms, h.minter.seq)
-        world.request_id += 1  # the next request
+        p.request_id += 1  # the next request
         with pytest.raises(Fenced):
             h.minter.reserve(1)  # the next call, started after the loss, is refused
         assert (h.minter.last_ms, h.minter.seq) == before
