@@ -37,7 +37,7 @@ from .. import __version__, latency, protocol
 from ..config import Config
 from ..errors import BadRequest, ClockUnsafe, ConfigError, Overloaded, SnowfenceError, Unavailable
 from ..logs import event
-from ..workers.states import refusal_for
+from ..refusals import refusal_for
 from .auth import CurveServer
 from .fair import Conn, FairQueue
 from .metrics import Metrics
