@@ -11,8 +11,8 @@ queue, and the connections with work waiting take turns by IDs
 answered ``overloaded`` with a hint of when to ask again.
 
 A worker answers its WORK frames in the order it got them, so the core keeps
-per worker the (connection, count) of what it sent there, in order, and a
-reply or refusal ends the oldest. A refusal (fenced, clock unsafe, reservation
+per worker the (connection, count, workers that refused it before) of what it
+sent there, in order, and a reply or refusal ends the oldest. A refusal (fenced, clock unsafe, reservation
 expired) comes back with the original request, which goes to another worker,
 never back to one that refused it, before the client gets the refusal
 (``MAX_TRIES`` workers at most).
