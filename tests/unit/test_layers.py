@@ -49,6 +49,10 @@ def importers_of(target: str) -> set[str]:
         ("snowfence.broker", "snowfence.etcd.store"),
         ("snowfence.etcd.cluster", "snowfence.etcd.store"),
         ("snowfence.etcd.store", "snowfence.etcd.cluster"),
+        # The routing core has no sockets (the router's are its adapter) and asks
+        # nothing of the workers' package (the refusals both answer with are shared).
+        ("snowfence.broker.routing", "zmq"),
+        ("snowfence.broker.routing", "snowfence.workers"),
         # The supervisor is driven by the broker's loop and knows nothing of it.
         ("snowfence.broker.supervisor", "snowfence.broker.main"),
         # decode and the clients never import etcd code.

@@ -1,41 +1,12 @@
-"""The refusal a client gets for worker IDs that are not ready: the most telling
-cause wins, and the reasons behind it travel with it."""
+"""The states of a held worker ID: their names on the wire, and next_state, the decision."""
 
 from __future__ import annotations
 
 import pytest
 
-from snowfence.errors import ClockUnsafe, Fenced, ReservationExpired, Unavailable
+from snowfence import refusals
 from snowfence.workers import states
-from snowfence.workers.states import refusal_for
-
-
-@pytest.mark.parametrize(
-    "seen, error",
-    [
-        ({states.FENCED, states.CLOCK_UNSAFE, states.RESERVING, states.WAITING}, Fenced),
-        ({states.CLOCK_UNSAFE, states.RESERVING, states.WAITING}, ClockUnsafe),
-        ({states.RESERVING, states.WAITING, states.CLAIMING}, ReservationExpired),
-        ({states.WAITING, states.CLAIMING, states.STOPPING}, Unavailable),
-        (set(), Unavailable),
-    ],
-)
-def test_the_most_telling_state_decides_the_refusal(seen, error):
-    err = refusal_for(iter(sorted(seen)))  # any iterable, read once
-    assert type(err) is error and err.retriable
-
-
-def test_each_refusal_says_what_it_is_waiting_for():
-    assert str(refusal_for([states.FENCED])) == "lease renewals are failing"
-    assert str(refusal_for([states.CLOCK_UNSAFE])) == "the wall clock cannot be trusted"
-    assert str(refusal_for([states.RESERVING])) == "waiting for the reservation to be extended"
-    assert str(refusal_for([states.WAITING])) == "no worker is ready"
-
-
-def test_reasons_are_appended_once_each_in_order_and_blank_ones_dropped():
-    err = refusal_for([states.WAITING], ["the broker is draining", "", "lease lost: TTL 0", "the broker is draining"])
-    assert str(err) == "no worker is ready (lease lost: TTL 0; the broker is draining)"
-    assert str(refusal_for([states.FENCED], [""])) == "lease renewals are failing"
+from snowfence.workers.states import State, next_state
 
 
 def test_state_names_are_the_ones_on_the_wire():
@@ -44,9 +15,12 @@ def test_state_names_are_the_ones_on_the_wire():
     assert names == ["claiming", "waiting", "ready", "fenced", "clock_unsafe", "reserving", "stopping"]
 
 
+def test_every_state_the_refusals_name_is_a_state():
+    assert {name for name, _, _ in refusals.REFUSALS} <= set(states.State)
+
+
 # -- next_state: the decision for one held worker ID ---------------------------------------
 
-from snowfence.workers.states import State, next_state  # noqa: E402
 
 #: Inputs under which a worker ID is ready: renewed, fence ahead, clock trusted,
 #: past the previous owner's mark, inside its own reservation.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+from types import MappingProxyType
 
 import pytest
 
@@ -60,6 +61,10 @@ class Rig:
         self.stops = 0
         self.exited: list[int] = []
         self.obeys_sigterm = obeys_sigterm
+        #: When each worker was last heard from, as the routing core tells each tick:
+        #: the supervisor gets a read-only view (it only reads it).
+        self.heard: dict[int, int] = {}
+        self.heard_view = MappingProxyType(self.heard)
         self.sup = Supervisor(
             self.config,
             self.spawn,
@@ -87,14 +92,14 @@ class Rig:
         """Tick every ``step_s`` for ``seconds``; False as soon as the supervisor is done."""
         for _ in range(round(seconds / step_s)):
             self.now_ns += int(step_s * S)
-            if not self.sup.tick(self.now_ns):
+            if not self.sup.tick(self.now_ns, self.heard_view):
                 return False
         return True
 
     def heard_all(self) -> None:
         for proc in self.sup.procs:
             if proc.popen is not None:
-                self.sup.heard[proc.popen.pid] = self.now_ns
+                self.heard[proc.popen.pid] = self.now_ns
 
     def respawn_delay_s(self, slot: int, limit_s: float = 60.0, step_s: float = 0.01) -> float:
         """How long the slot stays empty after its worker exits (it has just exited)."""
@@ -105,7 +110,7 @@ class Rig:
             self.now_ns += int(step_s * S)
             waited += step_s
             self.heard_all()
-            self.sup.tick(self.now_ns)
+            self.sup.tick(self.now_ns, self.heard_view)
         assert self.proc(slot) is self.spawned[-1]
         return waited
 
@@ -149,11 +154,11 @@ def test_a_worker_that_ran_a_while_before_dying_starts_its_back_off_from_the_bot
 def test_a_worker_killed_by_a_signal_is_restarted_and_its_pid_forgotten(rig):
     r = rig()
     old = r.proc(1)
-    r.sup.heard[old.pid] = r.now_ns
+    r.heard[old.pid] = r.now_ns
     old.exit(-signal.SIGKILL)
     r.respawn_delay_s(1)
     assert r.exited == [old.pid]
-    assert old.pid not in r.sup.live_pids and old.pid not in r.sup.heard
+    assert old.pid not in r.sup.live_pids
     assert r.proc(1).pid in r.sup.live_pids
     assert r.stops == 0 and not r.sup.stopping
 
@@ -191,7 +196,7 @@ def test_a_worker_silent_past_the_limit_gets_sigterm_and_sigcont_then_sigkill_af
     quiet, talker = r.proc(0), r.proc(1)
 
     def keep_talking():
-        r.sup.heard[talker.pid] = r.now_ns
+        r.heard[talker.pid] = r.now_ns
 
     for _ in range(480):  # 4.8 s: still within the limit
         keep_talking()
@@ -240,10 +245,10 @@ def test_silence_counts_from_the_start_of_a_worker_that_never_spoke(rig):
 def test_silence_the_broker_slept_through_is_its_own(rig):
     r = rig(workers=1, worker_kill_after_s=5.0, heartbeat_timeout_s=3.0)
     worker = r.proc(0)
-    r.sup.heard[worker.pid] = r.now_ns
+    r.heard[worker.pid] = r.now_ns
     r.run_for(0.1)
     r.now_ns += 60 * S  # the whole broker was stopped for a minute
-    r.sup.tick(r.now_ns)
+    r.sup.tick(r.now_ns, r.heard_view)
     assert worker.signals == [] and r.sup.procs[0].kills == 0
     r.run_for(5.2)  # but silence after the pause counts
     assert r.sup.procs[0].kills == 1
@@ -330,13 +335,13 @@ def test_a_worker_that_takes_its_time_to_die_of_sigkill_is_killed_and_counted_on
     stuck, talker = r.proc(0), r.proc(1)
     stuck.stuck_in_the_kernel = True
     for _ in range(1500):  # 15 s: the limit, the grace, and several graces more
-        r.sup.heard[talker.pid] = r.now_ns
+        r.heard[talker.pid] = r.now_ns
         r.run_for(0.01)
     assert stuck.signals == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
     assert r.sup.procs[0].kills == 1
     stuck.exit(-signal.SIGKILL)  # the kernel gets round to it
     for _ in range(30):
-        r.sup.heard[talker.pid] = r.now_ns
+        r.heard[talker.pid] = r.now_ns
         r.run_for(0.01)
     assert r.proc(0) is not stuck and r.sup.procs[0].restarts == 1
 

@@ -5,8 +5,9 @@ run directory, the router's two sockets, the CURVE server half, the health
 server, the peer-clock sockets and the signal wake-up socket pair. Its loop
 polls them, hands what arrived to the router (or the peers), and every
 ``HOUSEKEEPING_NS`` gives the timers their turn: the supervisor's
-:meth:`~snowfence.broker.supervisor.Supervisor.tick`, the router's heartbeats,
-the peers' clock votes and the metrics snapshot. The decisions live in those
+:meth:`~snowfence.broker.supervisor.Supervisor.tick` (with when the routing core
+last heard from each worker), the routing core's heartbeats, the peers' clock
+votes and the metrics snapshot. The decisions live in those
 parts; this module only wires them together and starts worker processes.
 """
 
@@ -84,12 +85,12 @@ class Node:
         if self.notifier is not None:
             self.notifier.notify(STOPPING="1", STATUS=f"stopping: {self.supervisor.stop_reason}")
         if self.router is not None:
-            self.router.stop_accepting()
-            self.router.broadcast(protocol.STOP_FRAME)
+            self.router.core.stop_accepting()
+            self.router.core.broadcast(protocol.STOP_FRAME)
 
     def _on_exit(self, pid: int) -> None:
         if self.router is not None:
-            self.router.forget_pid(pid, "process exited")
+            self.router.core.forget_pid(pid, "process exited")
 
     def run(self) -> int:
         sup = self.supervisor
@@ -115,7 +116,6 @@ class Node:
                     self.describe,
                     sup.live_pids,
                     self.metrics,
-                    sup.heard,
                     curve=self.curve,
                 )
             except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
@@ -136,7 +136,7 @@ class Node:
             endpoints = advertised_endpoints(self.config, self.router.endpoint())
             name = node_name(self.config, endpoints)
             self.entry = base_entry(self.config, name, endpoints, self.health.address if self.health else None)
-            self.router.describe_nodes = self.nodes
+            self.router.core.describe_nodes = self.nodes
             signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
             for sig in handled:
                 signal.signal(sig, sup.enqueue)
@@ -195,6 +195,7 @@ class Node:
 
     def loop(self, wake: socket.socket) -> None:
         router, sup, peers = self.router, self.supervisor, self.peers
+        routing = router.core
         poller = zmq.Poller()
         poller.register(router.backend, zmq.POLLIN)
         poller.register(router.frontend, zmq.POLLIN)
@@ -226,32 +227,32 @@ class Node:
             if now_ns < next_housekeeping_ns:
                 continue
             next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
-            if not sup.tick(now_ns):
+            if not sup.tick(now_ns, routing.heard):
                 return
-            router.tick(now_ns)
+            routing.tick(now_ns)
             if now_ns >= self._next_membership_ns:
                 self._next_membership_ns = now_ns + int(PEER_INTERVAL_S * 1e9)
                 self.follow_membership(poller)
             if peers is not None:
                 peers.tick(now_ns)
-                if peers.veto != router.veto:
+                if peers.veto != routing.veto:
                     if peers.veto:
                         event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
                     else:
                         event(log, "rejoined", "clock agrees with the cluster again")
-                    router.veto = peers.veto
-            self.metrics.maybe_snapshot(now_ns, router, sup.restarts, sup.kills)
+                    routing.veto = peers.veto
+            self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
 
     def own_entry(self) -> dict:
         """This node's membership entry as of now."""
-        router = self.router
+        routing = self.router.core
         worker_ids = sorted(
-            {h.worker_id for link in router.links.values() for h in link.status.held if h.worker_id is not None}
+            {h.worker_id for link in routing.links.values() for h in link.status.held if h.worker_id is not None}
         )
         return {
             **self.entry,
             "worker_ids": worker_ids,
-            "in_rotation": bool(router.rotation) and router.veto is None,
+            "in_rotation": bool(routing.rotation) and routing.veto is None,
             "clock_offsets_ms": {
                 ep: round(o["offset_s"] * 1000, 3) for ep, o in (self.peers.describe() if self.peers else {}).items()
             },

@@ -13,7 +13,9 @@ Signal handlers only enqueue the signal number (:meth:`Supervisor.enqueue`);
 that exits with a boot error a restart cannot fix (see
 :mod:`snowfence.workers.exits`) halts the node; any other exit is restarted with
 exponential back-off, reset once a worker has run for a while. A worker silent
-for ``worker_kill_after_s`` is killed and its slot restarted.
+for ``worker_kill_after_s`` is killed and its slot restarted: when each worker
+was last heard from comes with every tick (the routing core keeps it, see
+:attr:`snowfence.broker.routing.Routing.heard`); the supervisor only reads it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from ..config import Config
@@ -95,9 +97,7 @@ class Supervisor:
 
     ``on_stop()`` is called once when the node begins to stop (the router stops
     accepting and tells the workers); ``on_exit(pid)`` when a worker process is
-    gone (the router forgets it). ``heard`` maps a worker's pid to when it was
-    last heard from (monotonic ns; kept by the router); ``live_pids`` is kept
-    here, for the router.
+    gone (the router forgets it). ``live_pids`` is kept here, for the router.
     """
 
     def __init__(
@@ -106,7 +106,6 @@ class Supervisor:
         spawner: Spawner,
         *,
         clock: Callable[[], int] = time.monotonic_ns,
-        heard: dict[int, int] | None = None,
         on_stop: Callable[[], None] = _no_op,
         on_exit: Callable[[int], None] = _no_op,
     ) -> None:
@@ -126,11 +125,11 @@ class Supervisor:
         self.exit_code = 0
         self.started_ns = clock()
         self.live_pids: set[int] = set()
-        #: Last word (monotonic ns) from each worker process, kept by the router.
-        self.heard: dict[int, int] = heard if heard is not None else {}
         self.on_stop = on_stop
         self.on_exit = on_exit
         self._last_tick_ns = 0
+        #: When the broker last woke from a pause: no worker counts as silent from before.
+        self._resumed_ns = 0
         self._next_reap_ns = 0
 
     @property
@@ -188,12 +187,14 @@ class Supervisor:
         for proc in self.procs:
             self.spawn(proc)
 
-    def tick(self, now_ns: int) -> bool:
+    def tick(self, now_ns: int, heard: Mapping[int, int]) -> bool:
         """Signals, silent workers, exits, restarts and the stop deadline at ``now_ns``.
 
-        Returns False once the node has stopped (stopping, and no worker left)."""
+        ``heard``: when each worker process (pid) was last heard from (monotonic
+        ns), as the routing core saw it; read, never written. Returns False once
+        the node has stopped (stopping, and no worker left)."""
         self.dispatch()
-        self.watch_silence(now_ns)
+        self.watch_silence(now_ns, heard)
         if now_ns >= self._next_reap_ns:  # SIGCHLD is the fast path; this, the safety net
             self._next_reap_ns = now_ns + int(self.config.heartbeat_interval_s * 1e9)
             self.reap()
@@ -222,14 +223,14 @@ class Supervisor:
         self.kill_all(signal.SIGTERM)
         self.kill_at_ns = self.clock() + int(self.config.shutdown_timeout_s * 1e9)
 
-    def watch_silence(self, now_ns: int) -> None:
+    def watch_silence(self, now_ns: int, heard: Mapping[int, int]) -> None:
         """Kill a worker silent for ``worker_kill_after_s`` (stopped, hung): SIGTERM,
         then SIGKILL after ``shutdown_timeout_s``. Its slot restarts with the usual
-        back-off; its worker IDs free as after any crash."""
+        back-off; its worker IDs free as after any crash. Silence counts from the
+        last word in ``heard``, from its start for a worker never heard from."""
         if self._last_tick_ns and now_ns - self._last_tick_ns > self.config.heartbeat_timeout_s * 1e9:
             # The broker itself was paused: the silence it slept through is its own.
-            for pid in self.heard:
-                self.heard[pid] = now_ns
+            self._resumed_ns = now_ns
             for proc in self.procs:
                 proc.started_ns = max(proc.started_ns, now_ns - int(self.config.heartbeat_interval_s * 1e9))
         self._last_tick_ns = now_ns
@@ -247,7 +248,7 @@ class Supervisor:
                     # (a process in uninterruptible I/O); reaping clears it.
                     proc.kill_at_ns = SIGKILL_SENT
                 continue
-            heard_ns = max(self.heard.get(popen.pid, 0), proc.started_ns)
+            heard_ns = max(heard.get(popen.pid, 0), self._resumed_ns, proc.started_ns)
             silent_s = (now_ns - heard_ns) / 1e9
             if now_ns - heard_ns <= limit_ns:
                 continue
@@ -353,7 +354,6 @@ class Supervisor:
         if proc.popen is not None:
             pid = proc.popen.pid
             self.live_pids.discard(pid)
-            self.heard.pop(pid, None)
             proc.kill_at_ns = None
             self.on_exit(pid)
         proc.popen = None

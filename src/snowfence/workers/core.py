@@ -47,10 +47,11 @@ from ..errors import (
     TokenAhead,
 )
 from ..logs import event
+from ..refusals import refusal_for
 from .exits import Exit
 from .lease import Keeper, Lease, PreferenceFile, Store, embedded_namespace, node_key
 from .minter import Minter
-from .states import CLOCK_UNSAFE, FENCED, READY, RESERVING, WAITING, State, next_state, process_state, refusal_for
+from .states import CLOCK_UNSAFE, FENCED, READY, RESERVING, WAITING, State, next_state, process_state
 from .states import state_after_refusal as _state_after_refusal
 
 log = logging.getLogger("snowfence.worker")

@@ -1,4 +1,4 @@
-"""The states of a held worker ID: which one it is in, and the refusal each stands for.
+"""The states of a held worker ID: which one it is in, and the one a refusal moves it to.
 
     claiming -> waiting -> ready <-> fenced | clock_unsafe | reserving
 
@@ -7,17 +7,16 @@ worker feeds it what its keeper, its minter and its host-clock watch know, and
 acts on the answer (moves rotation, logs, tells the broker). The same function
 runs in the deterministic simulator (``tests/sim``).
 
-Both a worker (for a request it cannot serve) and the broker (for a request no
-worker in rotation can take) answer with :func:`refusal_for` the states they see,
-so a client learns the real reason rather than a generic "unavailable".
+The refusal each state stands for, which the broker uses too, is
+:func:`snowfence.refusals.refusal_for`.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from ..errors import ClockUnsafe, Fenced, ReservationExpired, SnowfenceError, Unavailable
+from ..errors import ClockUnsafe, Fenced, ReservationExpired, SnowfenceError
 
 
 class State(enum.StrEnum):
@@ -109,17 +108,3 @@ def process_state(stopping: bool, any_ready: bool, held: Sequence[State]) -> Sta
     if held:
         return held[0]
     return CLAIMING
-
-
-def refusal_for(states: Iterable[str], reasons: Iterable[str] = ()) -> SnowfenceError:
-    """The most telling error for worker IDs in ``states``, none of them ready."""
-    states = set(states)
-    reasons = sorted({r for r in reasons if r})
-    why = f" ({'; '.join(reasons)})" if reasons else ""
-    if FENCED in states:
-        return Fenced("lease renewals are failing" + why)
-    if CLOCK_UNSAFE in states:
-        return ClockUnsafe("the wall clock cannot be trusted" + why)
-    if RESERVING in states:
-        return ReservationExpired("waiting for the reservation to be extended" + why)
-    return Unavailable("no worker is ready" + why)
