@@ -217,7 +217,8 @@ def main() -> None:
             for name, fn in variants.items():
                 r = fn()
                 results[name].append(r)
-                print(f"run {run} {name:34s} p50 {r['p50']:7.0f}  p99 {r['p99']:7.0f} us  ({r['n']:,} calls)", flush=True)
+                line = f"run {run} {name:34s} p50 {r['p50']:7.0f}  p99 {r['p99']:7.0f} us  ({r['n']:,} calls)"
+                print(line, flush=True)
         print(f"\n{args.runs} rounds of {args.duration:g} s each, interleaved; medians of each round's quantiles\n")
         print("| one ID per round trip | p50 us | p99 us | p50 per round | p99 per round |")
         print("|---|---|---|---|---|")

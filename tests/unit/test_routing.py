@@ -564,6 +564,15 @@ def test_a_bad_state_payload_is_counted_and_ignored_and_the_worker_keeps_its_pla
     assert [rep.count for rep in r.replies(b"c")] == [1]
 
 
+def test_a_state_with_keys_this_version_does_not_know_is_read_counted_and_logged(rig, caplog):
+    r = rig()
+    w = r.worker(0)
+    r.core.on_worker(w, b'\x11{"slot": 0, "pid": 1000, "ready": false, "credits": 8, "zeta": 1}')
+    assert r.core.counters["state_unknown_keys"] == 1 and r.core.counters["bad_state"] == 0
+    assert r.core.rotation == []  # what it does say is taken: it left rotation
+    assert any("does not know: zeta" in rec.getMessage() for rec in caplog.records)
+
+
 def test_a_bad_state_from_an_unknown_worker_registers_nothing(rig):
     r = rig()
     r.core.on_worker(b"stranger", b'\x11{"slot": 0, "pid": 1000, "ready": "yes"}')

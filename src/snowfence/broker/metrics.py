@@ -132,6 +132,15 @@ class Metrics:
             ref.add_metric([reason], t[f"refused_{reason}"])
         fams.append(ref)
         counter("snowfence_retries", "Refused requests the broker sent to another worker.", rc["retried"])
+        bad = CounterMetricFamily(
+            "snowfence_worker_states_unread",
+            "STATE frames from workers not as this version writes them: ignored (bad), or read but for keys "
+            "it does not know (unknown_keys, a worker of another version).",
+            labels=["why"],
+        )
+        bad.add_metric(["bad"], rc["bad_state"])
+        bad.add_metric(["unknown_keys"], rc["state_unknown_keys"])
+        fams.append(bad)
         waits = CounterMetricFamily("snowfence_waits", "Waits inside the minter, by cause.", labels=["cause"])
         waits.add_metric(["step_back"], t["waits_step_back"])
         waits.add_metric(["sequence"], t["waits_sequence"])

@@ -214,6 +214,7 @@ class Routing:
             "bad_request": 0,
             "overloaded": 0,
             "bad_state": 0,
+            "state_unknown_keys": 0,
         }
         self._next_bad_state_log_ns = 0
         self.max_inflight = config.max_inflight_per_client
@@ -518,13 +519,14 @@ class Routing:
         except protocol.BadState as exc:
             # Only our own workers reach the backend: a bad STATE is a bug or a
             # version mix. The worker keeps its previous state (or stays unknown).
-            self.counters["bad_state"] += 1
-            now_ns = self._clock()
-            if now_ns >= self._next_bad_state_log_ns:
-                self._next_bad_state_log_ns = now_ns + BAD_STATE_LOG_INTERVAL_NS
-                who = f"worker slot {link.slot} pid {link.pid}" if link is not None else "an unknown worker"
-                event(log, "bad_state", f"ignored a STATE from {who}: {exc}", level=logging.WARNING)
+            self._bad_state("bad_state", link, f"ignored a STATE: {exc}")
             return
+        if state.unknown:
+            # A worker of another version (a package upgraded under a running broker):
+            # what this version knows of its STATE is used, the rest named.
+            self._bad_state(
+                "state_unknown_keys", link, f"a STATE has keys this version does not know: {', '.join(state.unknown)}"
+            )
         now_ns = self._clock()
         if link is None:
             if self.live_pids is not None and state.pid not in self.live_pids:
@@ -554,6 +556,15 @@ class Routing:
         self._room = True
         if self.fair:
             self.schedule()
+
+    def _bad_state(self, counter: str, link: Link | None, what: str) -> None:
+        """Count a STATE that was not as this version writes it; log it at most every 10 s."""
+        self.counters[counter] += 1
+        now_ns = self._clock()
+        if now_ns >= self._next_bad_state_log_ns:
+            self._next_bad_state_log_ns = now_ns + BAD_STATE_LOG_INTERVAL_NS
+            who = f"worker slot {link.slot} pid {link.pid}" if link is not None else "an unknown worker"
+            event(log, counter, f"{who}: {what}", level=logging.WARNING)
 
     def _set_ready(self, link: Link, ready: bool) -> None:
         ready = ready and not link.silent
