@@ -138,8 +138,8 @@ class Metrics:
             "it does not know (unknown_keys, a worker of another version).",
             labels=["why"],
         )
-        bad.add_metric(["bad"], rc["bad_state"])
-        bad.add_metric(["unknown_keys"], rc["state_unknown_keys"])
+        bad.add_metric(["bad"], rc.get("bad_state", 0))
+        bad.add_metric(["unknown_keys"], rc.get("state_unknown_keys", 0))
         fams.append(bad)
         waits = CounterMetricFamily("snowfence_waits", "Waits inside the minter, by cause.", labels=["cause"])
         waits.add_metric(["step_back"], t["waits_step_back"])
