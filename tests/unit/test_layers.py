@@ -72,3 +72,31 @@ def test_the_lease_store_is_the_workers_and_the_cluster_records_the_brokers():
     assert all(m.startswith("snowfence.workers.") or m == "snowfence.cli" for m in store_users), store_users
     cluster_users = importers_of("snowfence.etcd.cluster")
     assert cluster_users == {"snowfence.broker.membership", "snowfence.cli"}, cluster_users
+
+
+#: The modules that hold sockets (docs/ARCHITECTURE.md, "Layers"): the rest decide without them.
+SOCKET_ADAPTERS = {
+    "snowfence.broker.main",
+    "snowfence.broker.router",
+    "snowfence.broker.auth",
+    "snowfence.broker.peers",
+    "snowfence.workers.main",
+    "snowfence.clients.blocking",
+    "snowfence.clients.aio",
+    "snowfence.clients.core",  # ClientBase opens both clients' DEALER socket; its round policy imports none
+    "snowfence.curve",
+    "snowfence.bench",
+    "snowfence.cli",
+}
+
+
+def test_only_the_socket_adapters_import_zmq():
+    assert importers_of("zmq") <= SOCKET_ADAPTERS, importers_of("zmq") - SOCKET_ADAPTERS
+    assert "snowfence.workers.core" not in importers_of("zmq")
+    assert "snowfence.broker.routing" not in importers_of("zmq")
+
+
+def test_the_simulator_runs_the_worker_core_and_keeps_no_copy_of_the_worker_loop():
+    sim = (SRC.parent / "tests" / "sim" / "sim.py").read_text()
+    assert "from snowfence.workers.core import" in sim and "WorkerCore(" in sim
+    assert "next_state(" not in sim and "TICK_NS =" not in sim and "class Held" not in sim
