@@ -51,6 +51,7 @@ class Mutant:
 
 
 M = "snowfence.workers."
+R = "snowfence.broker."
 
 MUTANTS = [
     Mutant(
@@ -272,6 +273,33 @@ MUTANTS = [
                 "first, count = held.minter.reserve(n)",
             ),
         ),
+    ),
+    # -- the routing core (broker/routing.py), as the simulator runs it
+    Mutant(
+        "retry-to-refuser",
+        "a refused request is retried at any worker with room, the one that refused it included",
+        (Edit(R + "routing:Routing.pick", "and not (refusers and link.ident in refusers)", "and True"),),
+    ),
+    Mutant(
+        "silent-worker-in-rotation",
+        "a worker silent past the heartbeat timeout is marked silent but stays in rotation",
+        (
+            Edit(
+                R + "routing:Routing.tick",
+                "                self._set_ready(link, False)\n                self._lose_requests(link)",
+                "                self._lose_requests(link)",
+            ),
+        ),
+    ),
+    Mutant(
+        "no-overload-bound",
+        "a connection may have any number of requests in flight: overloaded is never answered",
+        (Edit(R + "routing:Routing.admit", "elif conn.inflight >= self.max_inflight:", "elif False:"),),
+    ),
+    Mutant(
+        "credits-ignored",
+        "a worker is sent requests beyond its credits (only its minting-time budget bounds its queue)",
+        (Edit(R + "routing:Routing.pick", "len(link.sent) < link.capacity\n                and ", ""),),
     ),
     Mutant(
         "journal-floor-ignored",

@@ -42,6 +42,7 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
     totals["partition_minting"] = 0
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
+    broker: dict[str, int] = {}
     failure = None
     mutant = mutants.BY_NAME[args.mutant] if args.mutant else None
     forced_kind = args.kind
@@ -63,11 +64,13 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
         totals["partition_minting"] += result["partition_minting"]
         for _, kind in result["fault_log"]:
             fault_kinds[kind] = fault_kinds.get(kind, 0) + 1
+        for name, n in result["broker"].items():
+            broker[name] = broker.get(name, 0) + n
         if result["violation"]:
             failure = result
             stop.set()
             break
-    out.put((totals, kinds, fault_kinds, failure))
+    out.put((totals, kinds, fault_kinds, broker, failure))
 
 
 def main() -> int:
@@ -119,8 +122,11 @@ def main() -> int:
     totals["partition_minting"] = 0
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
+    broker: dict[str, int] = {}
     failures = []
-    for t, kd, fk, failure in results:
+    for t, kd, fk, br, failure in results:
+        for name, n in br.items():
+            broker[name] = broker.get(name, 0) + n
         for key in totals:
             totals[key] += t[key]
         for name, n in kd.items():
@@ -146,6 +152,7 @@ def main() -> int:
         "schedules_by_store": kinds,
         "schedules_minting_through_partitions": totals["partition_minting"],
         "faults_by_kind": dict(sorted(fault_kinds.items())),
+        "brokers": dict(sorted(broker.items())),
     }
     if failures:
         f = failures[0]

@@ -22,10 +22,15 @@ faults at moments chosen from the schedule's seed. What runs is the real code:
   process: its rotation of held worker IDs, the work step, claims with back-off,
   dropping a lost worker ID, the release plan; ``workers/main.py`` adds only the
   socket, the signals and the loop, which the simulator stands in for (it hands
-  the core its frames and runs its timers as that loop does).
+  the core its frames and runs its timers as that loop does);
+* the real routing core of each host's broker,
+  :class:`~snowfence.broker.routing.Routing`: clients' requests reach it, and it
+  picks the worker, retries a refusal on another one, takes silent workers out of
+  rotation, queues what finds no room and answers ``overloaded``; its two sockets
+  are deliveries in order, after :data:`LINK_NS`.
 
-What is simulated is everything around them: requests, the hosts' clocks, the
-network to etcd, and the faults.
+What is simulated is everything around them: the clients, the hosts' clocks,
+the network to etcd, and the faults.
 
 Time: one true clock (``World.T``, ns); each host has a monotonic clock running
 at its own rate (drift up to 500 ppm) and a wall clock that can be stepped,
@@ -40,6 +45,7 @@ Invariants, checked at every mint and after every step (see :class:`Checker`).
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import heapq
 import inspect
@@ -57,9 +63,18 @@ from types import SimpleNamespace
 import orjson
 
 from snowfence import protocol
+from snowfence.broker.routing import Routing
 from snowfence.clock import HostClock as ClockWatch
 from snowfence.config import Config
-from snowfence.errors import BadRequest, LayoutMismatch, Refused, SnowfenceError, StateDirError, TokenAhead
+from snowfence.errors import (
+    BadRequest,
+    LayoutMismatch,
+    Overloaded,
+    Refused,
+    SnowfenceError,
+    StateDirError,
+    TokenAhead,
+)
 from snowfence.etcd import store as etcd_mod
 from snowfence.workers import core as core_mod
 from snowfence.workers import embedded as embedded_mod
@@ -260,6 +275,7 @@ class Node:
         self.slow_until = 0
         self.commit_then_timeout = 0
         self.cut: set[int] = set()  # etcd members this node cannot reach
+        self.broker: Broker | None = None
 
 
 class Proc:
@@ -279,7 +295,11 @@ class Proc:
         self.core: WorkerCore | None = None
         self.loop: Thread | None = None
         self.holder = f"n{node.index}:s{slot}"
-        self.pid = 1000 + 10 * node.index + slot
+        #: A new process ID and socket identity at every start, as a real restart has.
+        self.pid = 0
+        self.ident = b""
+        #: Frames its broker sent that the loop has not taken yet, oldest first.
+        self.inbox: collections.deque[bytes] = collections.deque()
         #: When a tick is due for the core's next claim (true time), if one is scheduled.
         self.claim_wake: int | None = None
         #: The request the process is answering (its loop is busy until it has), and its causal token.
@@ -310,6 +330,178 @@ class Proc:
         if loop is not None and loop.busy:
             return loop.busy_since
         return self.node.clock.mono()
+
+
+class Broker:
+    """A host's broker: the real routing core, its sockets and its loop simulated.
+
+    Frames go both ways in order, each after :data:`LINK_NS` (the backend's ipc
+    socket); a send to a process that has exited fails, as ROUTER_MANDATORY makes
+    it. The loop ticks the core every :data:`BROKER_TICK_NS`, and a process gone
+    is forgotten once its supervisor has reaped it. Clients are a few connections
+    per host, each request one RESERVE; now and then one connection sends a burst
+    beyond its in-flight limit.
+
+    What the checker cannot see inside the routing core, it judges here, from the
+    frames alone:
+
+    * a request is answered at most once, on the connection that asked;
+    * a retry never goes to a worker that refused the same request;
+    * no WORK goes to a worker that has sent no STATE for longer than the broker's
+      silence rule allows;
+    * a worker never has more requests sent and unanswered than its credits;
+    * ``overloaded`` only for a connection with its limit in flight, and always
+      for what a burst sends beyond that limit.
+    """
+
+    def __init__(self, world: World, node: Node, config: Config) -> None:
+        self.world = world
+        self.node = node
+        self.config = config
+        #: PIDs of the host's worker processes that are running (the supervisor's view).
+        self.live: set[int] = set()
+        self.procs: dict[bytes, Proc] = {}
+        self.core = Routing(
+            config,
+            self.to_client,
+            self.to_worker,
+            clock=node.clock.mono,
+            wall_clock=node.clock.wall,
+            live_pids=self.live,
+        )
+        #: When a STATE from each worker last arrived (the host's monotonic ns).
+        self.stated: dict[bytes, int] = {}
+        #: Requests sent to each worker and not yet answered or handed back by it.
+        self.owed: collections.Counter[bytes] = collections.Counter()
+        #: Workers that handed each request back (request ID -> their sockets).
+        self.refused_by: dict[int, set[bytes]] = {}
+        #: Requests made and not yet answered: request ID -> (connection, causal token).
+        self.pending: dict[int, tuple[bytes, int | None]] = {}
+        #: Requests in flight on each connection, as its client counts them.
+        self.in_flight: collections.Counter[bytes] = collections.Counter()
+        self.overloaded = 0
+        #: Answers other than overloaded, by connection.
+        self.answered: collections.Counter[bytes] = collections.Counter()
+        #: A STATE silent this long takes a worker out of rotation at the broker's next
+        #: heartbeat (which comes once per interval, at a tick of its loop).
+        self.silence_ns = int((config.heartbeat_timeout_s + config.heartbeat_interval_s) * NS) + 2 * BROKER_TICK_NS
+        self.credits = config.worker_credits
+        self.max_inflight = config.max_inflight_per_client
+
+    # -- the process side: the supervisor
+    def started(self, p: Proc) -> None:
+        self.live.add(p.pid)
+        self.procs[p.ident] = p
+
+    def exited(self, p: Proc) -> None:
+        """The process is gone: the supervisor reaps it at a turn of its loop."""
+        self.live.discard(p.pid)
+        w = self.world
+        w.at(w.T + w.rng.randrange(1, BROKER_TICK_NS), None, self.core.forget_pid, p.pid, "exited")
+
+    # -- the loop
+    def tick(self) -> None:
+        w = self.world
+        w.at(w.T + BROKER_TICK_NS, None, self.tick)
+        self.core.tick(self.node.clock.mono())
+
+    def client_request(self) -> None:
+        """The host's clients send a request (or, now and then, a burst on one connection)."""
+        w = self.world
+        rng = w.rng
+        w.at(w.T + int(rng.expovariate(len(self.node.procs) / w.request_gap_ns)) + 1, None, self.client_request)
+        addr = CONNECTIONS[int(rng.random() * len(CONNECTIONS))]
+        if rng.random() >= BURST_SHARE:
+            self.send(addr)
+            return
+        burst = self.max_inflight + rng.randint(1, 3)
+        overloaded, answered = self.overloaded, self.answered[addr]
+        for _ in range(burst):
+            self.send(addr)
+        # Answered at once otherwise (no worker in rotation, say): that much more room.
+        room = self.max_inflight + self.answered[addr] - answered
+        refused = self.overloaded - overloaded
+        if refused < burst - room:
+            w.checker.fail(
+                f"a burst of {burst} requests on one connection (limit {self.max_inflight} in flight) got "
+                f"{refused} overloaded answers"
+            )
+
+    def send(self, addr: bytes) -> None:
+        w = self.world
+        rng = w.rng
+        n = COUNTS[int(rng.random() * len(COUNTS))]
+        after = None
+        if w.last_ids and rng.random() < 0.2:
+            after = w.last_ids[int(rng.random() * len(w.last_ids))]
+        w.request_id += 1
+        self.pending[w.request_id] = (addr, after)
+        self.in_flight[addr] += 1
+        self.core.request(0, addr, protocol.encode_reserve(w.request_id, n, after))
+
+    # -- the core's two sockets
+    def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
+        w = self.world
+        request_id = protocol.request_id_of(reply)
+        asked = self.pending.pop(request_id, None)
+        if asked is None:
+            w.checker.fail(f"request {request_id} was answered twice (or never made)")
+        if asked[0] != addr:
+            w.checker.fail(f"request {request_id} of connection {asked[0]!r} was answered on {addr!r}")
+        in_flight = self.in_flight[addr]
+        self.in_flight[addr] = in_flight - 1
+        if reply[1] == protocol.ERROR:
+            err = protocol.decode_reply(reply).error
+            w.counts["answered_" + err.code] = w.counts.get("answered_" + err.code, 0) + 1
+            if isinstance(err, Overloaded):
+                self.overloaded += 1
+                if in_flight <= self.max_inflight:
+                    w.checker.fail(
+                        f"connection {addr!r} was answered overloaded with {in_flight - 1} other requests in "
+                        f"flight (limit {self.max_inflight})"
+                    )
+                w.checker.answered(asked[1], reply)
+                return
+        self.answered[addr] += 1
+        w.checker.answered(asked[1], reply)
+
+    def to_worker(self, ident: bytes, frame: bytes) -> bool:
+        w = self.world
+        p = self.procs.get(ident)
+        if p is None or not p.up or p.ident != ident:
+            return False  # its socket is gone
+        if frame[0] == protocol.WORK:
+            now = self.node.clock.mono()
+            silent = now - self.stated.get(ident, now)
+            if silent > self.silence_ns:
+                w.checker.fail(
+                    f"a request went to worker {ident!r}, silent for {silent / 1e6:.0f} ms (out of rotation after "
+                    f"{self.silence_ns / 1e6:.0f} ms)"
+                )
+            request_id = protocol.request_id_of(protocol.split_routed(frame)[2])
+            if ident in self.refused_by.get(request_id, ()):
+                w.checker.fail(f"request {request_id} was retried at worker {ident!r}, which had refused it")
+            self.owed[ident] += 1
+            if self.owed[ident] > self.credits:
+                w.checker.fail(
+                    f"worker {ident!r} was sent {self.owed[ident]} requests unanswered (credits {self.credits})"
+                )
+        p.inbox.append(frame)
+        w.at(w.T + LINK_NS, p.loop, w.deliver, p)
+        return True
+
+    def from_worker(self, ident: bytes, frame: bytes) -> None:
+        """A frame from a worker reaches the backend (sent LINK_NS ago)."""
+        kind = frame[0]
+        if kind == protocol.STATE:
+            self.stated[ident] = self.node.clock.mono()
+        elif kind in (protocol.REPLY, protocol.REFUSED):
+            self.owed[ident] -= 1
+            if kind == protocol.REFUSED:
+                request = protocol.split_refused(protocol.split_routed(frame)[2])[0]
+                self.refused_by.setdefault(protocol.request_id_of(request), set()).add(ident)
+        self.core.on_worker(ident, frame)
+        self.core.schedule()
 
 
 # -- the simulated etcd ---------------------------------------------------------------------
@@ -646,6 +838,9 @@ class World:
             # The hosts' clocks are up to 2 s apart, and drift up to 500 ppm.
             max_clock_skew_ms=2100,
             cluster="sim",
+            # Small enough that the broker's limits bind: its queue, retries and overload.
+            max_inflight_per_client=rng.choice([3, 8, 64]),
+            worker_credits=rng.choice([2, 4, 32]),
         )
         # Embedded: the state directory every process shares. etcd: each host's own (its journal).
         self.tmp: str | None = tempfile.mkdtemp(prefix="snowfence-sim-", dir=shm)
@@ -706,6 +901,7 @@ class World:
                 proc = Proc(self, node, slot, config)
                 node.procs.append(proc)
                 self.procs.append(proc)
+            node.broker = Broker(self, node, config)
         self.long = long
         self.horizon = int(rng.uniform(15, 40) * scale * NS * (LONG_FACTOR if long else 1))
 
@@ -818,6 +1014,9 @@ class World:
         p.pause_in_call = 0
         p.claim_wake = None
         p.loop = Thread(p, "loop")
+        p.pid = 1000 + (p.inc << 8) + (p.node.index << 4) + p.slot
+        p.ident = f"w{p.slot}-{p.pid}".encode()
+        p.inbox.clear()
         config = p.config
         clock = p.node.clock
         if self.kind == "etcd":
@@ -859,8 +1058,9 @@ class World:
             make_minter=CheckedMinter,
             make_keeper=functools.partial(SimKeeper, self, p),
         )
-        self.at(self.T, p.loop, self.tick, p)
-        self.at(self.T + self.rng.randrange(1, 50 * MS), p.loop, self.request, p)
+        p.node.broker.started(p)
+        self.at(self.T, p.loop, self.wake, p)
+        self.at(self.T + LOOP_WAKE_NS, p.loop, self.loop_wake, p)
 
     def crash(self, p: Proc) -> None:
         """SIGKILL: the kernel drops the file locks; the minters' memory is gone; etcd leases lapse."""
@@ -876,6 +1076,8 @@ class World:
                 h.lease.abandon()
         p.up = False
         p.inc += 1
+        p.inbox.clear()
+        p.node.broker.exited(p)
 
     def clean_stop(self, p: Proc) -> None:
         """SIGTERM: the core's release plan (``WorkerCore.release_all``), then exit."""
@@ -886,6 +1088,7 @@ class World:
             self.crash(p)
             return
         self.run_on_loop(p, p.core.release_all)
+        self.run_on_loop(p, p.core.send_state)  # as workers/main.py does last
         self.exit(p)
 
     def run_on_loop(self, p: Proc, fn) -> None:
@@ -902,23 +1105,43 @@ class World:
         self.checker.step()
 
     # -- the worker loop: what workers/main.py does around the core
-    def request(self, p: Proc) -> None:
-        """A WORK frame reaches the process: the core answers it, then the loop runs its timers if due."""
-        rng = self.rng
-        self.at(self.T + int(rng.expovariate(1 / self.request_gap_ns)) + 1, p.loop, self.request, p)
-        n = COUNTS[int(rng.random() * len(COUNTS))]
-        after = None
-        if self.last_ids and rng.random() < 0.2:
-            after = self.last_ids[int(rng.random() * len(self.last_ids))]
-        self.request_id += 1
-        p.request_id = self.request_id
-        p.asked_after = after  # (one request at a time per process: its loop is busy meanwhile)
+    def deliver(self, p: Proc) -> None:
+        """Frames from the broker reach the process: the core takes them in order, and
+        the loop runs its timers when they are due, as after each frame it takes."""
         core = p.core
-        core.heard = True
-        frame = protocol.encode_work(0, b"sim", protocol.encode_reserve(self.request_id & 0xFFFFFFFF, n, after))
-        done_ns = core.handle(frame, p.node.clock.mono())
-        if core.state_dirty or done_ns >= core.next_tick_ns:
+        inbox = p.inbox
+        while inbox:
+            frame = inbox.popleft()
+            core.heard = True
+            if frame[0] == protocol.WORK:
+                # One request at a time per process: its loop is busy meanwhile.
+                request = protocol.decode_request(protocol.split_routed(frame)[2])
+                p.request_id, p.asked_after = request.request_id, request.after
+            done_ns = core.handle(frame, p.node.clock.mono())
+            if core.state_dirty or done_ns >= core.next_tick_ns:
+                self.tick(p)
+
+    def loop_wake(self, p: Proc) -> None:
+        """The loop's receive times out (RCVTIMEO) at least this often."""
+        self.at(self.T + LOOP_WAKE_NS, p.loop, self.loop_wake, p)
+        self.wake(p)
+
+    def wake(self, p: Proc) -> None:
+        """The loop turns without being handed a frame: it takes those waiting first
+        (its receive returns them before it times out), then runs its timers if due
+        (a claim's back-off ends at its own moment, not at the next time-out)."""
+        if p.inbox:
+            self.deliver(p)
+        core = p.core
+        due = p.claim_wake is not None and p.claim_wake <= self.T
+        if due or core.state_dirty or p.node.clock.mono() >= core.next_tick_ns:
             self.tick(p)
+
+    def work_now(self, p: Proc, n: int = 1, after: int | None = None) -> None:
+        """One WORK frame straight to the process, taken now (for scripted scenarios)."""
+        self.request_id += 1
+        p.inbox.append(protocol.encode_work(0, b"sim", protocol.encode_reserve(self.request_id, n, after)))
+        self.deliver(p)
 
     def claim(self, p: Proc, claim, *args, **kwargs):
         """The store's claim, as the core calls it; the checker sees each attempt."""
@@ -931,15 +1154,13 @@ class World:
         return lease
 
     def from_worker(self, p: Proc, frame: bytes) -> None:
-        """A frame the core sends to its broker."""
+        """A frame the core sends to its broker: it arrives after LINK_NS."""
         kind = frame[0]
         if kind == protocol.REFUSED:
             self.counts["refused"] += 1
-        elif kind == protocol.REPLY:
-            _, _, reply = protocol.split_routed(frame)
-            if reply[1] == protocol.ERROR:
-                self.counts["refused"] += 1
-            self.checker.answered(p.asked_after, reply)
+        elif kind == protocol.REPLY and protocol.split_routed(frame)[2][1] == protocol.ERROR:
+            self.counts["refused"] += 1
+        self.at(self.T + LINK_NS, None, p.node.broker.from_worker, p.ident, frame)
 
     def note_minted(self, first: int) -> None:
         """Keep some minted IDs, as causal tokens for later requests."""
@@ -949,11 +1170,10 @@ class World:
             self.last_ids[self.rng.randrange(64)] = first
 
     def tick(self, p: Proc) -> None:
-        """The core's timers, as the loop runs them (the broker's heartbeats always arrive)."""
+        """The core's timers, as the loop runs them."""
         if p.claim_wake is not None and p.claim_wake <= self.T:
             p.claim_wake = None
         core = p.core
-        core.heard = True
         before = core.counters["claims"], core.next_claim_ns, len(core.held)
         core.tick(p.node.clock.mono())
         if (core.counters["claims"], core.next_claim_ns, len(core.held)) != before:
@@ -966,7 +1186,7 @@ class World:
             t = self.T + int(max(core.next_claim_ns - p.node.clock.mono(), 0) / p.node.clock.rate) + 1
             if p.claim_wake is None or p.claim_wake > t:
                 p.claim_wake = t
-                self.at(t, p.loop, self.tick, p)
+                self.at(t, p.loop, self.wake, p)
 
     def boot_failed(self, p: Proc) -> None:
         """The core refused to go on (exit status 73 or 78): the process exits; its supervisor
@@ -998,7 +1218,7 @@ class World:
             k.gen = None
             self.marks_dirty = True
             # The loop notices keeper.lost at its next turn (at most TICK_S idle, as in workers/main.py).
-            self.at(self.T + self.rng.randrange(1, 50 * MS), p.loop, self.tick, p)
+            self.at(self.T + self.rng.randrange(1, 50 * MS), p.loop, self.wake, p)
             return
         finally:
             self.marks_dirty = True
@@ -1293,6 +1513,9 @@ class World:
         try:
             for p in self.procs:
                 self.at(rng.randrange(NS // 10), None, self.start, p)
+            for node in self.nodes:
+                self.at(rng.randrange(BROKER_TICK_NS), None, node.broker.tick)
+                self.at(rng.randrange(1, 50 * MS), None, node.broker.client_request)
             self.schedule_faults()
             self.run_until(self.horizon)
         finally:
@@ -1325,8 +1548,18 @@ PARTITION_MINTING_SHARE = 0.15
 FAULTS_MIN, FAULTS_MAX = 50, 150
 #: How many IDs a request asks for (a block is cut at the end of a millisecond).
 COUNTS = (1, 1, 3, 17, 64, 100, 4096)
-#: Mean gap between requests to one process, per schedule.
+#: Mean gap between requests, per worker process of a host, per schedule.
 REQUEST_GAPS_MS = (15, 50, 200)
+#: The clients' connections to each host's broker.
+CONNECTIONS = (b"c0", b"c1", b"c2")
+#: The share of client sends that are a burst on one connection beyond its in-flight limit.
+BURST_SHARE = 0.02
+#: A frame between broker and worker (the backend's ipc socket) arrives this much later.
+LINK_NS = 50_000
+#: The broker's loop turns at least this often (broker/main.py's poll timeout).
+BROKER_TICK_NS = 50 * MS
+#: A worker's loop wakes at least this often without a frame (workers/main.py's RCVTIMEO).
+LOOP_WAKE_NS = 50 * MS
 #: The long profile's schedules last this many times longer, with as many more faults.
 LONG_FACTOR = 5
 
@@ -1392,4 +1625,6 @@ def run_schedule(
         "refused": world.counts.get("refused", 0),
         "claims": world.counts.get("claims", 0),
         "sim_s": world.T / NS,
+        # What the brokers' routing cores counted (requests, retried, overloaded, ...).
+        "broker": dict(sum((collections.Counter(n.broker.core.counters) for n in world.nodes), collections.Counter())),
     }

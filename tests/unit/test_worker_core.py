@@ -258,6 +258,33 @@ def test_silence_from_the_broker_stops_the_worker_but_a_pause_of_its_own_does_no
     assert core.stopping and core.exit_code == Exit.OK
 
 
+def test_the_brokers_silence_counts_from_the_first_state_it_could_answer():
+    # The broker pings only workers it has heard a STATE from. A first claim that
+    # blocks the loop for most of heartbeat_timeout_s (etcd timing out) sends the
+    # first STATE late; the broker's first ping comes up to a heartbeat after it.
+    # Silence counted from the process's start stopped such a worker as orphaned
+    # (the simulator found it, seed 174); it counts from the first STATE.
+    clock = FakeClock()
+
+    class SlowStore(ScriptedStore):
+        def claim(self, *args, **kwargs):
+            clock.advance_ms(2900)
+            return super().claim(*args, **kwargs)
+
+    core, sent = make_core(SlowStore([ScriptedLease(0, mark_ms=0)]), clock, heartbeat_timeout_s=3.0)
+    core.tick(clock.mono_ns())
+    assert len(states(sent)) == 1
+    for _ in range(4):  # no ping yet: the broker's heartbeat is up to 0.5 s away
+        clock.advance_ms(100)
+        core.tick(clock.mono_ns())
+    assert not core.stopping
+    clock.advance_ms(3000)  # still silent, a timeout after that first STATE: the broker is gone
+    core.tick(clock.mono_ns())
+    clock.advance_ms(100)
+    core.tick(clock.mono_ns())
+    assert core.stopping
+
+
 def test_frames_heard_keep_the_worker_and_a_parent_gone_stops_it():
     clock = FakeClock()
     core, _, _ = ready_core(clock, heartbeat_timeout_s=3.0)

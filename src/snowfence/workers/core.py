@@ -236,6 +236,8 @@ class WorkerCore:
         self.next_tick_ns = 0
         self.broker_seen_ns = now_ns
         self.last_tick_ns = now_ns
+        #: Whether a STATE went out yet (before it, the broker cannot know this worker).
+        self.announced = False
         #: Set by the loop when a frame came in since the last tick.
         self.heard = False
         #: Monotonic counts since this process started; the broker turns them into
@@ -436,6 +438,11 @@ class WorkerCore:
 
     def send_state(self) -> None:
         now_ns = self._mono()
+        if not self.announced:
+            # The broker pings only workers it has heard from: its silence counts from
+            # the first STATE, not from a start whose first claim may block for seconds.
+            self.announced = True
+            self.broker_seen_ns = now_ns
         self.next_heartbeat_ns = now_ns + self._heartbeat_ns
         self.state_dirty = False
         self.send(protocol.encode_state(self.describe(now_ns)))
