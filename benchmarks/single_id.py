@@ -3,8 +3,11 @@
 What a user who takes one ID per event (a web request creating one row) compares.
 Each round measures, one after the other in this process, for ``--duration`` s each:
 
-- ``Client.reserve(1)`` of snowfence's blocking client against a node on TCP loopback;
+- ``Client.reserve(1)`` of snowfence's blocking client against a node on TCP loopback,
+  which answers it itself, in one hop (the default ``--broker-mint-max-ids``);
 - the same request from a bare DEALER socket (what the client library itself costs);
+- both again against a second node started with ``--broker-mint-max-ids 0``, where every
+  request crosses two hops (client to broker, broker to worker), as before the one-hop path;
 - Redis ``INCR`` through redis-py, one per round trip, on TCP loopback;
 - a bare pyzmq ROUTER echo in another Python process (one ZeroMQ hop, no work);
 - ``AsyncClient.reserve(1)`` and redis-py's asyncio client, likewise (uvloop if installed).
@@ -47,6 +50,18 @@ while True:
     ident, body = s.recv_multipart()
     s.send_multipart([ident, reply])
 """
+
+
+def wait_own_worker_id(endpoint: str, timeout_s: float = 20.0) -> None:
+    """Until the node's broker mints small requests itself (its own worker ID is ready)."""
+    deadline = time.monotonic() + timeout_s
+    with Client(endpoint, timeout_s=2.0) as client:
+        while time.monotonic() < deadline:
+            own = client.status()["broker"].get("own_worker_id") or {}
+            if own.get("ready"):
+                return
+            time.sleep(0.1)
+    raise RuntimeError(f"{endpoint}: the broker's own worker ID is not ready")
 
 
 def free_port() -> int:
@@ -170,14 +185,16 @@ def main() -> None:
     if shutil.which("redis-server") is None:
         sys.exit("redis-server is not installed (Debian: apt-get install redis-server)")
     root = Path(tempfile.mkdtemp(prefix="sf-single-"))
-    node_port, redis_port, echo_port = free_port(), free_port(), free_port()
+    node_port, two_port, redis_port, echo_port = free_port(), free_port(), free_port(), free_port()
     node_ep, echo_ep = f"tcp://127.0.0.1:{node_port}", f"tcp://127.0.0.1:{echo_port}"
+    two_ep = f"tcp://127.0.0.1:{two_port}"
     procs = []
     try:
-        serve = [sys.executable, "-m", "snowfence", "serve", "--bind", node_ep, "--state-dir", str(root / "state")]
-        serve += shlex.split(args.serve_args)
-        log = open(root / "serve.log", "ab")
-        procs.append(subprocess.Popen(serve, stdout=log, stderr=log, start_new_session=True))
+        for endpoint, name, extra in ((node_ep, "one", []), (two_ep, "two", ["--broker-mint-max-ids", "0"])):
+            serve = [sys.executable, "-m", "snowfence", "serve", "--bind", endpoint, "--state-dir", str(root / name)]
+            serve += extra + shlex.split(args.serve_args)
+            log = open(root / f"serve-{name}.log", "ab")
+            procs.append(subprocess.Popen(serve, stdout=log, stderr=log, start_new_session=True))
         procs.append(
             subprocess.Popen(
                 ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
@@ -193,6 +210,8 @@ def main() -> None:
         procs.append(echo)
         echo.stdout.readline()
         wait_ready(node_ep, 1)
+        wait_ready(two_ep, 1)
+        wait_own_worker_id(node_ep)
         import redis
 
         deadline = time.monotonic() + 10
@@ -207,9 +226,12 @@ def main() -> None:
         variants = {
             "snowfence Client.reserve(1)": lambda: snowfence_client(node_ep, args.duration),
             "snowfence, a bare DEALER": lambda: raw_dealer(node_ep, args.duration),
+            "snowfence Client.reserve(1), two hops": lambda: snowfence_client(two_ep, args.duration),
+            "snowfence, a bare DEALER, two hops": lambda: raw_dealer(two_ep, args.duration),
             "Redis INCR, redis-py": lambda: redis_incr(redis_port, args.duration),
             "pyzmq ROUTER echo (one hop)": lambda: zmq_echo(echo_ep, args.duration),
             "snowfence AsyncClient.reserve(1)": lambda: run_async(async_snowfence(node_ep, args.duration)),
+            "snowfence AsyncClient.reserve(1), two hops": lambda: run_async(async_snowfence(two_ep, args.duration)),
             "Redis INCR, redis-py asyncio": lambda: run_async(async_redis(redis_port, args.duration)),
         }
         results: dict[str, list[dict]] = {name: [] for name in variants}

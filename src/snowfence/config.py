@@ -70,6 +70,13 @@ class Config:
         "ceiling.",
         metavar="MS",
     )
+    broker_mint_max_ids: int = setting(
+        64,
+        "Plain requests of up to this many IDs the broker answers itself, in one hop, from a worker ID of its "
+        "own (claimed only once every worker of the node holds its own, and only if one is free; leased, "
+        "fenced and marked as any worker's). 0: every request goes to a worker.",
+        metavar="N",
+    )
 
     # -- identity and layout ----------------------------------------------------------
     region: int = setting(0, "Region number stamped into every ID this node mints.", metavar="R")
@@ -263,6 +270,8 @@ class Config:
             raise ConfigError(f"max_inflight_per_client must be at least 1, got {self.max_inflight_per_client}")
         if not 1 <= self.worker_credits <= 1024:
             raise ConfigError(f"worker_credits must be 1..1024, got {self.worker_credits}")
+        if not 0 <= self.broker_mint_max_ids <= 4096:
+            raise ConfigError(f"broker_mint_max_ids must be 0..4096, got {self.broker_mint_max_ids}")
         if not 0.1 <= self.worker_queue_ms <= 1000:
             raise ConfigError(f"worker_queue_ms must be 0.1..1000, got {self.worker_queue_ms}")
         _positive(

@@ -67,6 +67,21 @@ def test_a_module_never_imports_what_it_must_not(module, never):
     assert not offenders, f"{sorted(offenders)} import {never}"
 
 
+def test_of_the_workers_package_the_broker_imports_only_exit_statuses_and_its_own_worker_id():
+    allowed = {
+        # What a worker's exit status means (the supervisor halts or restarts on it).
+        "snowfence.broker.supervisor": {"snowfence.workers.exits"},
+        # The broker's own worker ID, and the store the settings name for it.
+        "snowfence.broker.main": {"snowfence.workers.inline", "snowfence.workers.main"},
+    }
+    for module, found in MODULES.items():
+        if not module.startswith("snowfence.broker"):
+            continue
+        used = {f for f in found if f.startswith("snowfence.workers.")}
+        modules = {".".join(f.split(".")[:3]) for f in used}
+        assert modules <= allowed.get(module, set()), (module, modules)
+
+
 def test_the_lease_store_is_the_workers_and_the_cluster_records_the_brokers():
     store_users = importers_of("snowfence.etcd.store")
     assert all(m.startswith("snowfence.workers.") or m == "snowfence.cli" for m in store_users), store_users

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from snowfence.errors import BadRequest, ClockUnsafe, Fenced, ReservationExpired
 from snowfence.ids import DEFAULT_LAYOUT, Layout
-from snowfence.workers.minter import NEVER_NS, Minter
+from snowfence.workers.minter import NEVER_NS, Minter, WouldWait
 
 LAYOUT = DEFAULT_LAYOUT
 REGION, WORKER = 5, 77
@@ -806,3 +806,34 @@ def test_hlc_running_just_past_max_ahead_on_a_used_up_millisecond_is_an_unsafe_c
     with pytest.raises(ClockUnsafe):
         m.reserve(1)
     assert m.clock_unsafe
+
+
+# -- a minter that may not wait (the broker's own) --------------------------------------
+
+
+def test_a_minter_that_may_not_wait_declines_where_it_would_sleep_and_changes_nothing():
+    clock = FakeClock()
+    m = make(clock, may_wait=False)
+    m.reserve(4096)  # the millisecond is used up
+    before = state(m)
+    with pytest.raises(WouldWait):
+        m.reserve(1)
+    assert state(m) == before and clock.sleeps == 0 and m.waits == {"step_back": 0, "sequence": 0}
+    clock.step_ms(-3)  # a small step back: a waiting minter would sleep it out
+    with pytest.raises(WouldWait):
+        m.reserve(1)
+    assert state(m) == before and clock.sleeps == 0
+    clock.step_ms(3)
+    clock.advance_ms(1)
+    first, count = m.reserve(1)
+    assert count == 1 and ms_of(first) == before[0] + 1
+
+
+def test_a_minter_that_may_not_wait_still_refuses_a_large_step_back_as_unsafe():
+    clock = FakeClock()
+    m = make(clock, may_wait=False)
+    m.reserve(1)
+    clock.step_ms(-500)
+    with pytest.raises(ClockUnsafe):
+        m.reserve(1)
+    assert m.clock_unsafe and clock.sleeps == 0

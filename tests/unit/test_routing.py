@@ -679,3 +679,75 @@ def test_a_request_answered_without_a_worker_is_not_timed(rig):
     r.leave(w)
     assert r.codes(b"c") == ["fenced", "fenced"]
     assert r.core.queued_ns[0].count == 1  # only the one sent to the worker
+
+
+# -- the broker's own minter: small plain requests in one hop ---------------------------
+
+
+class HereMinter:
+    """What the broker's own worker ID answers: a block, or None (the request goes on)."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+        self.answer: tuple[int, int] | None = (5 << 30, 1)
+
+    def __call__(self, n: int) -> tuple[int, int] | None:
+        self.asked.append(n)
+        return None if self.answer is None else (self.answer[0], min(n, self.answer[1]))
+
+
+def test_a_small_plain_request_is_minted_by_the_broker_itself_and_never_reaches_a_worker(rig):
+    r = rig()
+    w = r.worker(0)
+    here = HereMinter()
+    r.core.mint_here(here, 64)
+    r.ask(b"c", 1)
+    [rep] = r.replies(b"c")
+    assert (rep.first, rep.count, rep.error) == (5 << 30, 1, None)
+    assert r.work(w) == [] and here.asked == [1]
+    assert r.inflight() == 0  # answered at once: nothing in flight counts against the connection
+    assert (r.core.counters["minted_here"], r.core.counters["ids_here"], r.core.counters["replies"]) == (1, 1, 0)
+
+
+def test_larger_requests_causal_tokens_and_declined_ones_go_to_a_worker(rig):
+    r = rig()
+    w = r.worker(0)
+    here = HereMinter()
+    r.core.mint_here(here, 64)
+    r.ask(b"c", 65)  # above the limit
+    r.ask(b"c", 1, after=1 << 50)  # a causal token: the workers' minters wait for it
+    here.answer = None
+    r.ask(b"c", 1)  # declined (it would have waited, or its lock was taken)
+    sent = [protocol.decode_request(body) for _, _, body in r.work(w)]
+    assert [(req.count, req.after) for req in sent] == [(65, None), (1, 1 << 50), (1, None)]
+    assert here.asked == [1]  # neither the large request nor the token's was offered to it
+    assert r.core.counters["minted_here"] == 0 and r.replies(b"c") == []
+
+
+def test_the_broker_mints_nothing_itself_while_vetoed_stopping_or_over_the_in_flight_limit(rig):
+    r = rig(max_inflight_per_client=2)
+    w = r.worker(0)
+    here = HereMinter()
+    r.core.mint_here(here, 64)
+    r.ask(b"big", 100, n=2)
+    r.ask(b"big", 1)  # the connection has its limit in flight: overloaded, as for any request
+    assert r.codes(b"big") == ["overloaded"] and here.asked == []
+    r.core.veto = "clock disagrees with the cluster"
+    r.ask(b"c", 1)
+    assert r.codes(b"c") == ["clock_unsafe"]
+    r.core.veto = None
+    r.core.stop_accepting()
+    r.ask(b"c", 1)
+    assert r.codes(b"c") == ["unavailable"] and here.asked == []
+    assert len(r.work(w)) == 2
+
+
+def test_with_no_worker_in_rotation_a_small_request_is_still_answered_by_the_broker(rig):
+    r = rig()
+    here = HereMinter()
+    r.core.mint_here(here, 64)
+    r.ask(b"c", 1)
+    assert r.codes(b"c") == [None]
+    here.answer = None
+    r.ask(b"c", 1)
+    assert r.codes(b"c") == ["unavailable"]

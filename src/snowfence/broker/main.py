@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 import zmq
@@ -36,6 +37,9 @@ from .notify import Notifier
 from .peers import PeerClocks
 from .router import Router
 from .supervisor import SIGNALS, Supervisor
+
+if TYPE_CHECKING:
+    from ..workers.inline import InlineMinter
 
 log = logging.getLogger("snowfence.broker")
 
@@ -72,6 +76,10 @@ class Node:
         self.entry: dict = {}
         self._next_membership_ns = 0
         self.notifier: Notifier | None = None
+        #: The broker's own worker ID, for small requests (``broker_mint_max_ids``).
+        self.inline: InlineMinter | None = None
+        #: When the loop last gave the timers their turn (monotonic ns).
+        self.loop_ns = time.monotonic_ns()
         self.supervisor = Supervisor(config, self._spawn, on_stop=self._on_stop, on_exit=self._on_exit)
 
     @property
@@ -163,6 +171,8 @@ class Node:
                 mode="embedded" if self.config.embedded else "etcd",
             )
             sup.start()
+            if self.config.broker_mint_max_ids:
+                self.start_inline()
             if self.membership is not None:
                 self.membership.start()
             # Bound and supervising: alive, whether or not a worker ID can be had yet
@@ -173,6 +183,8 @@ class Node:
             signal.set_wakeup_fd(-1)
             for sig in handled:
                 signal.signal(sig, signal.SIG_DFL)
+            if self.inline is not None:
+                self.inline.stop()
             sup.kill_all(signal.SIGKILL)
             if self.membership is not None:
                 self.membership.stop()
@@ -227,6 +239,11 @@ class Node:
             if now_ns < next_housekeeping_ns:
                 continue
             next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
+            self.loop_ns = now_ns
+            if self.inline is not None:
+                state = self.inline.snapshot(now_ns)
+                if state is not None:
+                    self.metrics.observe(b"inline", state)
             if not sup.tick(now_ns, routing.heard):
                 return
             routing.tick(now_ns)
@@ -243,11 +260,36 @@ class Node:
                     routing.veto = peers.veto
             self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
 
+    def start_inline(self) -> None:
+        """The broker's own worker ID: claimed on a thread of its own once every worker
+        holds its own; from then on, plain requests of up to ``broker_mint_max_ids``
+        IDs are minted on this loop when they can be without waiting."""
+        from ..workers.inline import InlineMinter
+        from ..workers.main import open_store
+
+        inline = InlineMinter(
+            self.config,
+            open_store=open_store,
+            workers_settled=self.workers_settled,
+            loop_ns=lambda: self.loop_ns,
+            pid=os.getpid(),
+        )
+        if inline.start():
+            self.inline = inline
+            self.router.core.mint_here(inline.mint, self.config.broker_mint_max_ids)
+
+    def workers_settled(self) -> bool:
+        """Every worker process of this node is connected and holds all its worker IDs."""
+        links = list(self.router.core.links.values())
+        wanted = len(self.supervisor.procs) * self.config.ids_per_worker
+        return len(links) >= len(self.supervisor.procs) and sum(len(link.status.held) for link in links) >= wanted
+
     def own_entry(self) -> dict:
         """This node's membership entry as of now."""
         routing = self.router.core
         worker_ids = sorted(
             {h.worker_id for link in routing.links.values() for h in link.status.held if h.worker_id is not None}
+            | set(self.inline.worker_ids() if self.inline is not None else ())
         )
         return {
             **self.entry,
@@ -295,6 +337,8 @@ class Node:
             "mode": "embedded" if config.embedded else "etcd",
             "cluster": None if config.embedded else config.cluster,
             **self.supervisor.describe(),
+            "mints_up_to": config.broker_mint_max_ids if self.inline is not None else 0,
+            "own_worker_id": self.inline.describe() if self.inline is not None else None,
         }
 
 

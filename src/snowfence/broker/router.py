@@ -137,7 +137,7 @@ class Router:
             plain = _plain_reserve(body)
             if plain is None:
                 core.slow_request(meta, addr, body)
-            elif admit(meta, addr, body, plain[1]):
+            elif admit(meta, addr, body, plain[1], plain[0]):
                 at_once += 1
         if at_once:
             core.queued_ns[0].counts[0] += at_once

@@ -99,6 +99,7 @@ _REFUSED = protocol.REFUSED
 _STATE = protocol.STATE
 _split_routed = protocol.split_routed
 _encode_work = protocol.encode_work
+_encode_block = protocol.encode_block
 _plain_reserve = protocol.plain_reserve
 _AFTER_SIZE = protocol.RESERVE_AFTER_SIZE
 #: The workers that refused a request no worker has refused yet.
@@ -215,9 +216,15 @@ class Routing:
             "overloaded": 0,
             "bad_state": 0,
             "state_unknown_keys": 0,
+            "minted_here": 0,
+            "ids_here": 0,
         }
         self._next_bad_state_log_ns = 0
         self.max_inflight = config.max_inflight_per_client
+        #: The broker's own minting (:meth:`mint_here`): plain requests of up to
+        #: ``_here_max`` IDs, answered without a worker when it can.
+        self._mint_here: Callable[[int], tuple[int, int] | None] | None = None
+        self._here_max = 0
         self.metrics = metrics
         #: How long requests waited here for a worker with room, by kind (index: has a
         #: causal token), one observation each time one is sent to a worker.
@@ -234,7 +241,7 @@ class Routing:
         plain = _plain_reserve(body)
         if plain is None:
             self.slow_request(meta, addr, body)
-        elif self.admit(meta, addr, body, plain[1]):
+        elif self.admit(meta, addr, body, plain[1], plain[0]):
             self.queued_ns[0].counts[0] += 1
 
     def bad_request(self, meta: int, addr: bytes, err: BadRequest) -> None:
@@ -258,14 +265,22 @@ class Routing:
         elif self.admit(meta, addr, body, request.count):
             self.queued_ns[request.after is not None].counts[0] += 1
 
-    def admit(self, meta: int, addr: bytes, body: bytes, count: int) -> bool:
+    def mint_here(self, mint: Callable[[int], tuple[int, int] | None], max_ids: int) -> None:
+        """Let the broker answer plain requests of up to ``max_ids`` IDs itself: ``mint(n)``
+        returns ``(first, count)`` minted at once, or None (never waiting), and the
+        request then goes to a worker as any other."""
+        self._mint_here = mint
+        self._here_max = max_ids if mint is not None else 0
+
+    def admit(self, meta: int, addr: bytes, body: bytes, count: int, request_id: int | None = None) -> bool:
         """Take a new RESERVE of ``count`` IDs and decide where it goes.
 
         This is the one place a request's destination is decided: ``overloaded``
-        at once, a worker now, or its connection's queue (from which
-        :meth:`schedule` places it, or :meth:`refuse_waiting` answers it). A
-        destination of another kind (the broker minting a small request itself)
-        belongs here, before a worker is picked.
+        at once, the broker's own minter (a plain request, ``request_id`` given, of
+        up to ``broker_mint_max_ids``; see :meth:`mint_here`), a worker now, or its
+        connection's queue (from which :meth:`schedule` places it, or
+        :meth:`refuse_waiting` answers it). A request with a causal token or other
+        options (``request_id`` None) always goes to a worker.
 
         True if it went to a worker at once; the caller counts it as having waited
         0 s, so that the common case reads no clock."""
@@ -275,6 +290,15 @@ class Routing:
         elif conn.inflight >= self.max_inflight:
             self.overloaded(meta, addr, body, conn)
             return False
+        if request_id is not None and count <= self._here_max and self.veto is None and self.accepting:
+            minted = self._mint_here(count)
+            if minted is not None:
+                first, got = minted
+                counters = self.counters
+                counters["minted_here"] += 1
+                counters["ids_here"] += got
+                self.to_client(meta, addr, _encode_block(request_id, first, got))
+                return False
         conn.inflight += 1
         conn.ids += count
         if not self.fair and self.veto is None and self.accepting:

@@ -158,14 +158,23 @@ class Held:
         )
 
 
+def _preference_namespace(config: Config) -> str:
+    namespace = embedded_namespace(config.region) if config.embedded else f"etcd-{config.cluster}-r{config.region}"
+    return namespace + "/" + node_key(config.bind)  # never shared by two nodes on one state directory
+
+
 def preference_files(config: Config, slot: int) -> list[PreferenceFile]:
     """The files that remember which worker ID each of a slot's leases claimed last."""
-    namespace = embedded_namespace(config.region) if config.embedded else f"etcd-{config.cluster}-r{config.region}"
-    namespace += "/" + node_key(config.bind)  # never shared by two nodes on one state directory
+    namespace = _preference_namespace(config)
     return [
         PreferenceFile(config.state_dir, namespace, f"slot-{slot}" + (f"-{i}" if i else ""))
         for i in range(config.ids_per_worker)
     ]
+
+
+def broker_preference_file(config: Config) -> PreferenceFile:
+    """The file that remembers which worker ID the broker's own lease claimed last."""
+    return PreferenceFile(config.state_dir, _preference_namespace(config), "broker")
 
 
 def boot_failed(exc: ConfigError) -> Exit:
@@ -215,6 +224,8 @@ class WorkerCore:
         #: When the loop last turned, as the keepers see it (a stalled loop lets its worker IDs go).
         self.loop_ns = loop_ns or (lambda: self.last_tick_ns)
         self.ids_wanted = config.ids_per_worker
+        #: How a failed claim is logged (the broker's own worker ID expects them).
+        self.claim_failed_level = logging.WARNING
         self.layout = config.layout
         self.window_ms = int(config.reservation_window_s * 1000)
         self._heartbeat_ns = int(config.heartbeat_interval_s * 1e9)
@@ -500,7 +511,7 @@ class WorkerCore:
             why = f"every worker ID of region {self.config.region} is taken"
         if lease is None:
             self.reason = f"cannot claim a worker ID: {why}; retrying in {self.claim_backoff_s:.2f} s"
-            event(log, "claim_failed", self.reason, level=logging.WARNING, region=self.config.region)
+            event(log, "claim_failed", self.reason, level=self.claim_failed_level, region=self.config.region)
             delay = self.claim_backoff_s * self.rng.uniform(0.8, 1.2)
             self.next_claim_ns = self._mono() + int(delay * 1e9)
             # Capped well below the lease TTL, so a standby takes over a dead node's

@@ -37,6 +37,11 @@ NO_FLOOR = -(1 << 62)
 MAX_WAIT_NS = 1_000_000_000
 
 
+class WouldWait(Exception):
+    """A minter that may not wait (the broker's own) found its millisecond used up or
+    its clock behind: nothing changed, and the request belongs to a minter that may."""
+
+
 class Minter:
     """Mints blocks for one worker ID. Not thread-safe: one caller at a time."""
 
@@ -51,6 +56,7 @@ class Minter:
         "clock_unsafe",
         "max_step_back_ms",
         "max_ahead_ms",
+        "may_wait",
         "hlc",
         "on_step_back",
         "waits",
@@ -80,6 +86,7 @@ class Minter:
         waits: dict | None = None,
         clock_policy: str = "wait",
         max_ahead_ms: int = 1000,
+        may_wait: bool = True,
     ) -> None:
         self.layout = layout
         self.region = layout.check_region(region)
@@ -94,6 +101,9 @@ class Minter:
         #: minting from the logical millisecond instead of waiting, up to ``max_ahead_ms``.
         self.hlc = clock_policy == "hlc"
         self.max_ahead_ms = max_ahead_ms
+        #: False for a minter on a loop that must never block (the broker's): where
+        #: this one would sleep, it raises :class:`WouldWait` instead, changing nothing.
+        self.may_wait = may_wait
         #: Called with (step_back_ms, refused) whenever the clock is seen behind last_ms.
         self.on_step_back = on_step_back
         self._epoch_ms = layout.epoch_ms
@@ -253,6 +263,8 @@ class Minter:
                 f"wall clock is {last - now} ms behind the last minted millisecond "
                 f"(more than {self.max_step_back_ms} ms); refusing until it passes it"
             )
+        if not self.may_wait:
+            raise WouldWait
         self.waits["step_back" if now < last else "sequence"] += 1
         give_up_ns = self._mono_ns() + MAX_WAIT_NS
         while True:

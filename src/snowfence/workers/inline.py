@@ -1,0 +1,231 @@
+"""The broker's own worker ID: small requests answered on the broker's loop, in one hop.
+
+A request that goes to a worker crosses two ZeroMQ hops (client to broker,
+broker to worker, and back); on this design's machines one hop alone costs what
+a whole Redis round trip does. So the broker answers plain requests of up to
+``broker_mint_max_ids`` IDs itself, from a worker ID it holds exactly as a
+worker holds one: the same :class:`~snowfence.workers.core.WorkerCore` (its
+claim, lease, keeper, fence, mark, journal and states), asked for one worker ID.
+Two things differ, both because the broker's loop must never wait:
+
+* the core's timers and claims (store calls that may take seconds) run on a
+  thread of their own, ``snowfence-inline``, under a lock; the loop mints only
+  if it can take that lock at once, and otherwise the request goes to a worker;
+* its minter may not wait (:class:`~snowfence.workers.minter.WouldWait`): where
+  a worker's would sleep (a millisecond used up, a clock a few ms behind), it
+  declines, changing nothing, and the request goes to a worker.
+
+Every guard is the minter's, as in a worker: a request minted here passed the
+fence, the clock rules and the reservation on this call. A refusal moves the
+worker ID's state as in a worker; the request then goes to a worker.
+
+It never takes a worker ID from its own workers: it claims only once every
+worker of the node reports all of its own worker IDs held (``workers_settled``),
+so a region sized for the workers leaves it without one (its claims fail
+quietly, and every request goes to a worker, as before). It keeps a worker ID it
+holds until the node stops.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from ..clock import HostClock
+from ..config import Config
+from ..errors import ConfigError, Refused, SnowfenceError
+from ..logs import event
+from ..protocol import WorkerState
+from .core import TICK_NS, WorkerCore, broker_preference_file
+from .minter import Minter, WouldWait
+
+log = logging.getLogger("snowfence.broker")
+
+#: The slot the broker's own worker ID reports under (workers have 0..workers-1).
+SLOT = -1
+
+
+def _no_wait_minter(*args, **kwargs) -> Minter:
+    return Minter(*args, may_wait=False, **kwargs)
+
+
+class InlineMinter:
+    """The broker's own worker ID (see the module's docstring).
+
+    ``mint(n)`` is for the broker's loop; ``start()``, ``stop()`` and
+    ``describe()`` for the broker. ``workers_settled()`` says whether every
+    worker holds its own worker IDs; ``loop_ns()`` when the broker's loop last
+    turned (a stalled loop lets the worker ID go, as a worker's does).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        open_store: Callable[[Config], object],
+        workers_settled: Callable[[], bool],
+        loop_ns: Callable[[], int],
+        pid: int,
+    ) -> None:
+        self.config = dataclasses.replace(config, ids_per_worker=1)
+        self.max_ids = config.broker_mint_max_ids
+        self._open_store = open_store
+        self._workers_settled = workers_settled
+        self._loop_ns = loop_ns
+        self._pid = pid
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.core: WorkerCore | None = None
+        self.store = None
+        self.last_state: WorkerState | None = None
+        #: Requests handed to a worker instead, by why (the core's lock was taken,
+        #: the minter would have waited, it refused, nothing is held).
+        self.declined: collections.Counter = collections.Counter()
+
+    # -- the broker ---------------------------------------------------------------------
+
+    def start(self) -> bool:
+        """Open the store and start the core's thread; False (logged) if the store cannot be opened."""
+        config = self.config
+        try:
+            self.store = store = self._open_store(config)
+        except ConfigError as exc:
+            event(
+                log,
+                "inline_disabled",
+                f"the broker mints no requests itself: {exc}",
+                level=logging.WARNING,
+            )
+            return False
+        core = WorkerCore(
+            config,
+            slot=SLOT,
+            pid=self._pid,
+            holder=f"{socket.gethostname()}:{self._pid}:broker",
+            store=store,
+            preferences=[broker_preference_file(config)],
+            send=lambda frame: None,  # its state is read with describe(), not sent
+            host_clock=HostClock(
+                forward_jump_ms=config.forward_jump_ms,
+                refuse_forward_jumps=config.refuse_forward_jumps,
+                max_clock_error_ms=config.max_clock_error_ms,
+                log=log,
+            ),
+            now_ns=time.monotonic_ns(),
+            loop_ns=self._loop_ns,
+            make_minter=_no_wait_minter,
+        )
+        # Its claims fail for as long as its workers hold the region's every worker
+        # ID: that is the expected case, not a warning.
+        core.claim_failed_level = logging.DEBUG
+        core.ids_wanted = 0
+        self.core = core
+        self._thread = threading.Thread(target=self._run, name="snowfence-inline", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self) -> None:
+        """Stop the core's thread, then release the worker ID (lowering its mark to the
+        last millisecond used). Blocks for at most the store's deadline or so."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.config.etcd_timeout_s * 2 + 1)
+        with self._lock:
+            if self.core is not None:
+                self.core.release_all()
+                self.core.stopping = True
+            if self.store is not None:
+                self.store.close()
+
+    def snapshot(self, now_ns: int) -> WorkerState | None:
+        """Its state as of now (the same type a worker sends), for the metrics and STATUS;
+        None while its thread holds the core (a claim in progress): the loop never waits."""
+        core = self.core
+        if core is None or not self._lock.acquire(False):
+            return None
+        try:
+            self.last_state = state = core.describe(now_ns)
+        finally:
+            self._lock.release()
+        return state
+
+    def describe(self) -> dict | None:
+        """For STATUS: its last state (the fields of a worker's), its limit and what it
+        handed to workers; None if it never started."""
+        if self.last_state is None:
+            return None
+        return {**self.last_state.to_dict(), "max_ids": self.max_ids, "declined": dict(self.declined)}
+
+    def worker_ids(self) -> list[int]:
+        state = self.last_state
+        return [] if state is None else [h.worker_id for h in state.held]
+
+    # -- the broker's loop: the hot path -------------------------------------------------
+
+    def mint(self, n: int) -> tuple[int, int] | None:
+        """``(first, count)`` minted here now, or None: the request goes to a worker.
+        Never waits."""
+        if not self._lock.acquire(False):
+            self.declined["busy"] += 1
+            return None
+        try:
+            core = self.core
+            ready = core.ready
+            if not ready:
+                self.declined["not_ready"] += 1
+                return None
+            held = ready[0]
+            try:
+                first, count = held.minter.reserve(n)
+            except WouldWait:
+                self.declined["would_wait"] += 1
+                return None
+            except Refused as err:
+                self.declined["refused"] += 1
+                core.on_refused(held, err)
+                return None
+            except SnowfenceError:
+                self.declined["refused"] += 1
+                return None
+            counters = core.counters
+            counters["requests_ok"] += 1
+            counters["ids"] += count
+            return first, count
+        finally:
+            self._lock.release()
+
+    # -- the core's thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        core = self.core
+        wait_s = TICK_NS / 1e9
+        try:
+            while not self._stop.wait(wait_s):
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    # The broker is this process: it never falls silent to its own core.
+                    core.heard = True
+                    if not core.held:
+                        core.ids_wanted = 1 if self._workers_settled() else 0
+                    core.tick(time.monotonic_ns())
+                    if core.stopping:
+                        # A configuration it cannot use (a layout mismatch, a state
+                        # directory refused): the workers say so too; it mints nothing.
+                        event(
+                            log,
+                            "inline_disabled",
+                            f"the broker mints no requests itself: {core.reason}",
+                            level=logging.WARNING,
+                        )
+                        return
+        except Exception:
+            log.exception("the broker's own worker ID failed; requests all go to workers")
+            with self._lock:
+                core.ready = []
