@@ -152,7 +152,7 @@ class StepBacks:
 
     def to_dict(self) -> dict:
         """The STATE field ``step_back_ms``."""
-        return {"le": self.le, "counts": self.counts, "sum_ms": self.sum_ms, "count": self.count}
+        return {"le": self.le, "counts": list(self.counts), "sum_ms": self.sum_ms, "count": self.count}
 
 
 class HostClock:

@@ -57,7 +57,7 @@ class Durations:
 
     def to_dict(self) -> dict:
         """As a worker reports it in STATE (see :func:`report`)."""
-        return {"counts": self.counts, "sum_ns": self.sum_ns}
+        return {"counts": list(self.counts), "sum_ns": self.sum_ns}
 
     def add_increase(self, now: dict, before: dict | None) -> None:
         """Add what one worker's reported histogram ``now`` gained since ``before``."""

@@ -119,6 +119,14 @@ class Node:
         with Client(self.endpoint, timeout_s=1.0, retries=0, discover=False) as c:
             return c.status()
 
+    def all_worker_ids(self) -> set[int]:
+        """The worker IDs its workers and its broker (its own, for small requests) hold."""
+        status = self.status()
+        own = status["broker"].get("own_worker_id") or {}
+        return {w["worker_id"] for w in status["workers"] if w.get("worker_id") is not None} | {
+            h["worker_id"] for h in own.get("held", [])
+        }
+
     def ready_workers(self) -> list[dict]:
         return [w for w in self.status()["workers"] if w.get("in_rotation")]
 
@@ -196,3 +204,8 @@ FAST_LEASES = (
 
 def etcd_args(cluster, name: str = "test", *extra) -> tuple:
     return ("--etcd", ",".join(cluster.endpoints), "--cluster", name, *extra)
+
+
+#: A node whose every request goes to a worker (two hops): for tests of what a worker's
+#: minter does with each request (the broker's own worker ID would answer small ones).
+TWO_HOPS = ("--broker-mint-max-ids", "0")

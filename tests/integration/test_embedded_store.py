@@ -17,7 +17,7 @@ import time
 import pytest
 from checks import check_blocks
 from disk import NFS_MAGIC, Tmpfs, build_fsshim, is_root, shim_env
-from nodes import FAST_LEASES, wait_for
+from nodes import FAST_LEASES, TWO_HOPS, wait_for
 
 from snowfence.errors import SnowfenceError
 from snowfence.ids import DEFAULT_LAYOUT, Layout
@@ -113,7 +113,7 @@ def passed_over(node) -> dict[int, str]:
 
 
 def test_lock_files_removed_under_a_running_node_never_give_one_worker_id_to_two_nodes(nodes):
-    args = (*SMALL_ARGS, *FAST_LEASES)
+    args = (*SMALL_ARGS, *FAST_LEASES, *TWO_HOPS)  # the two worker IDs are the workers' alone
     a = nodes.start("a", workers=2, args=args)
     a.wait_ready()
     load_a = Load(a)

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from checks import check_blocks, read_pairs
 from conftest import HARNESS
-from nodes import FAST_LEASES, etcd_args, wait_for
+from nodes import FAST_LEASES, TWO_HOPS, etcd_args, wait_for
 
 from snowfence.errors import Fenced, SnowfenceError
 from snowfence.ids import DEFAULT_LAYOUT, Layout
@@ -44,8 +44,11 @@ def test_two_nodes_in_one_region_hold_disjoint_worker_ids(nodes, etcd):
     b.wait_ready()
     ids_a, ids_b = worker_ids(a), worker_ids(b)
     assert len(ids_a) == 2 and len(ids_b) == 2 and not ids_a & ids_b
+    # With the brokers' own worker IDs (for small requests), still all disjoint.
+    all_a, all_b = a.all_worker_ids(), b.all_worker_ids()
+    assert ids_a <= all_a and ids_b <= all_b and not all_a & all_b
     claims = etcd.get_prefix("/snowfence/test/workers/0/")
-    assert {int(k.rsplit("/", 1)[1]) for k in claims} == ids_a | ids_b
+    assert {int(k.rsplit("/", 1)[1]) for k in claims} == a.all_worker_ids() | b.all_worker_ids()
     with a.client() as ca, b.client() as cb:
         blocks = ca.reserve(30_000) + cb.reserve(30_000)
     check_blocks([[(x.first, x.count) for x in blocks]])
@@ -105,7 +108,8 @@ def test_etcd_stopped_every_worker_fences_within_5_s_and_resumes_when_it_is_back
     # Marks are at most 5 s (the window) ahead of the last extension before the stop.
     assert all(ms <= stop_wall_ms + 5_000 for ms in minted_after_stop)
     assert all(w["state"] == "fenced" and not w["in_rotation"] for w in node.status()["workers"])
-    assert node.log().count("event=fenced") == 2
+    # Every worker ID it holds fences once: its workers' and the broker's own.
+    assert node.log().count("event=fenced") == len(node.all_worker_ids()) >= 2
     # etcd back (same data): the leases are still there, the workers rejoin on their own.
     etcd.restart_member(etcd.members[0])
     assert etcd.wait_healthy(20)
@@ -237,10 +241,11 @@ def test_clean_shutdown_revokes_leases_at_once_and_lowers_marks(nodes, etcd):
     with node.client() as c:
         blocks = c.reserve(20_000)
     last_ms = max(DEFAULT_LAYOUT.ms_of(b.last) for b in blocks)
+    held = node.all_worker_ids()
     assert node.stop() == 0
     assert etcd.get_prefix("/snowfence/test/workers/") == {}  # not waiting for a TTL
     marks = etcd.get_prefix("/snowfence/test/marks/")
-    assert len(marks) == 2
+    assert len(marks) == len(held) >= 2
     for value in marks.values():
         assert orjson.loads(value)["reserved_until_ms"] <= last_ms
     # A new node takes over at once: the marks are behind its clock.
@@ -300,7 +305,7 @@ def test_tls_and_password_authentication_end_to_end(nodes, etcd_secure):
     node.wait_ready(timeout_s=20)
     with node.client() as c:
         assert sum(len(b) for b in c.reserve(1000)) == 1000
-    assert len(etcd_secure.get_prefix("/snowfence/test/workers/")) == 1
+    assert len(etcd_secure.get_prefix("/snowfence/test/workers/")) == len(node.all_worker_ids())
     assert "s3cret" not in node.log()
     # A wrong password never claims, and says why.
     bad = nodes.start(
@@ -312,9 +317,9 @@ def test_tls_and_password_authentication_end_to_end(nodes, etcd_secure):
 
 
 def test_status_of_the_cluster_lists_held_and_retired_worker_ids(nodes, etcd):
-    a = nodes.start("a", workers=2, args=etcd_args(etcd))
+    a = nodes.start("a", workers=2, args=(*etcd_args(etcd), *TWO_HOPS))  # its workers' IDs only
     a.wait_ready()
-    b = nodes.start("b", workers=1, args=etcd_args(etcd))
+    b = nodes.start("b", workers=1, args=(*etcd_args(etcd), *TWO_HOPS))
     b.wait_ready()
     held_b = {w["worker_id"] for w in b.status()["workers"]}
     assert b.stop() == 0  # its worker ID retires: a mark, no claim
@@ -335,12 +340,12 @@ def test_status_of_the_cluster_lists_held_and_retired_worker_ids(nodes, etcd):
 
 def test_marks_that_are_not_whole_milliseconds_are_passed_over_and_shown_unreadable(nodes, etcd):
     garbage = {0: '{"reserved_until_ms": true}', 1: '{"reserved_until_ms": -5}', 2: '{"reserved_until_ms": 1e17}'}
-    node = nodes.start("g", workers=1, args=etcd_args(etcd, "garbled"))
+    node = nodes.start("g", workers=1, args=(*etcd_args(etcd, "garbled"), *TWO_HOPS))
     node.wait_ready()  # the cluster's layout is recorded, and worker ID 0 used
     assert node.stop() == 0
     for worker_id, value in garbage.items():
         assert etcd.ctl("put", f"/snowfence/garbled/marks/0/{worker_id}", value).returncode == 0
-    node = nodes.start("g", workers=1, args=etcd_args(etcd, "garbled"), state_dir=node.state_dir)
+    node = nodes.start("g", workers=1, args=(*etcd_args(etcd, "garbled"), *TWO_HOPS), state_dir=node.state_dir)
     node.wait_ready()
     assert worker_ids(node) == {3}, node.log_tail()
     cmd = [sys.executable, "-m", "snowfence", "status", "--etcd", ",".join(etcd.endpoints), "--cluster", "garbled"]

@@ -44,7 +44,7 @@ def test_every_node_registers_and_any_broker_lists_the_live_ones(nodes, etcd):
         entry = by_name[node.endpoint]
         assert entry["endpoints"] == [node.endpoint]
         assert entry["region"] == 0 and entry["in_rotation"] is True
-        assert entry["worker_ids"] == [w["worker_id"] for w in node.status()["workers"]]
+        assert entry["worker_ids"] == sorted(node.all_worker_ids())  # its workers' and its broker's own
     assert len({n["layout_hash"] for n in answer["nodes"]}) == 1
     assert len({n["version"] for n in answer["nodes"]}) == 1
     assert len(etcd.get_prefix(NODES_PREFIX)) == 3

@@ -136,6 +136,7 @@ def test_sighup_stops_the_node_cleanly_and_says_so(nodes, to):
     node = nodes.start(workers=2)
     node.wait_ready()
     workers = node.worker_pids()
+    held = node.all_worker_ids()  # its workers' and the broker's own, if it has claimed one yet
     assert run_dirs_of(node), "a running node has its run directory"
     if to == "broker":
         os.kill(node.pid, signal.SIGHUP)
@@ -144,7 +145,7 @@ def test_sighup_stops_the_node_cleanly_and_says_so(nodes, to):
     assert node.proc.wait(15) == 0, node.log_tail()
     log = node.log()
     assert "SIGHUP: stopping" in log, log
-    assert log.count("event=released") == 2, log  # each worker let go of its worker ID
+    assert log.count("event=released") == len(held) >= 2, log  # each holder let go of its worker ID
     wait_for(lambda: not group_alive(node.pgid), 5, what="the workers to be gone")
     assert all(not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
                for pid in workers)  # fmt: skip

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 import zmq
-from nodes import FAST_LEASES, etcd_args, wait_for
+from nodes import FAST_LEASES, TWO_HOPS, etcd_args, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 import snowfence
@@ -86,7 +86,8 @@ def test_metrics_move_on_a_fence_and_readiness_flips(nodes, etcd):
 
 
 def test_metrics_move_on_a_clock_step_and_a_restart_and_counters_survive_it(nodes, clock):
-    node = nodes.start(workers=1, env=clock.env(), args=("--metrics-bind", "127.0.0.1:0"))
+    # Two hops: the step back must meet the one minter that has minted (the worker's).
+    node = nodes.start(workers=1, env=clock.env(), args=("--metrics-bind", "127.0.0.1:0", *TWO_HOPS))
     node.wait_ready()
     addr = health(node)
     with node.client(retries=0) as c:
@@ -115,7 +116,8 @@ def test_forward_jumps_are_detected_counted_and_optionally_refused(nodes, clock)
     node.wait_ready()
     addr = health(node)
     clock.shift_all(+5000)
-    wait_for(lambda: metric(addr, "snowfence_clock_forward_jumps_total") == 1, 5, what="forward jump counted")
+    # Counted by each process that watches the clock: the worker, and the broker for its own worker ID.
+    wait_for(lambda: metric(addr, "snowfence_clock_forward_jumps_total") >= 1, 5, what="forward jump counted")
     wait_for(lambda: get(addr, "/readyz")[0] == 503, 5, what="not ready while ahead")
     assert "forward jump" in node.log() and "event=clock_forward_jump" in node.log()
     with node.client(retries=0) as c:

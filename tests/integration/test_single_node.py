@@ -16,7 +16,7 @@ import pytest
 import zmq
 from checks import check_blocks, read_pairs
 from conftest import HARNESS
-from nodes import wait_for
+from nodes import TWO_HOPS, wait_for
 
 import snowfence
 from snowfence import protocol
@@ -31,7 +31,7 @@ def held_worker_ids(node) -> set[int]:
 
 
 def test_blocks_are_contiguous_within_one_millisecond_and_decode_to_the_serving_worker(nodes):
-    node = nodes.start(workers=1)
+    node = nodes.start(workers=1, args=TWO_HOPS)  # the blocks of the one worker
     node.wait_ready()
     (worker_id,) = held_worker_ids(node)
     with node.client() as c:
@@ -66,7 +66,7 @@ def test_100k_ids_from_concurrent_client_processes_are_unique_and_increase_per_w
         assert p.wait(60) == 0, p.stdout.read()
     figures = check_blocks([read_pairs(o) for o in outs])
     assert figures["ids"] >= 100_000
-    assert figures["workers"] == 2  # both workers served
+    assert figures["workers"] == 3  # both workers served, and the broker's own worker ID (small requests)
 
 
 def test_sigkill_of_a_worker_loses_only_its_in_flight_requests_and_never_repeats(nodes, tmp_path):
@@ -221,7 +221,7 @@ def test_a_silent_worker_leaves_rotation_and_comes_back(nodes):
 
 
 def test_a_large_clock_step_back_reaches_the_client_as_clock_unsafe_and_recovers(nodes, clock):
-    node = nodes.start(workers=1, env=clock.env())
+    node = nodes.start(workers=1, env=clock.env(), args=TWO_HOPS)
     node.wait_ready()
     with node.client(retries=0) as c:
         c.reserve(10)
@@ -237,7 +237,7 @@ def test_a_large_clock_step_back_reaches_the_client_as_clock_unsafe_and_recovers
 
 
 def test_a_refusing_worker_leaves_rotation_and_its_requests_are_retried_on_another(nodes, clock):
-    node = nodes.start(workers=2, env=clock.env())
+    node = nodes.start(workers=2, env=clock.env(), args=TWO_HOPS)
     node.wait_ready()
     victim = node.worker_pids()[0]
     with node.client() as c:
@@ -255,7 +255,7 @@ def test_a_refusing_worker_leaves_rotation_and_its_requests_are_retried_on_anoth
 
 
 def test_a_small_clock_step_back_is_waited_out_without_an_error(nodes, clock):
-    node = nodes.start(workers=1, env=clock.env())
+    node = nodes.start(workers=1, env=clock.env(), args=TWO_HOPS)
     node.wait_ready()
     with node.client(retries=0) as c:
         before = c.reserve(10)
@@ -283,13 +283,13 @@ def test_a_forward_jump_past_the_reservation_reaches_the_client_as_reservation_e
 
 def test_no_ready_worker_is_unavailable_retriable(nodes, clock):
     # Leave a mark 60 s ahead (as a clock set back while the node was down would).
-    first = nodes.start(workers=1, env=clock.env())
+    first = nodes.start(workers=1, env=clock.env(), args=TWO_HOPS)
     first.wait_ready()
     with first.client() as c:
         before = c.reserve(5)
     assert first.stop() == 0
     clock.shift_all(-60_000)
-    node = nodes.start(name="behind", workers=1, state_dir=first.state_dir, env=clock.env())
+    node = nodes.start(name="behind", workers=1, state_dir=first.state_dir, env=clock.env(), args=TWO_HOPS)
     wait_for(
         lambda: node.status()["workers"] and node.status()["workers"][0].get("worker_id") is not None,
         10,

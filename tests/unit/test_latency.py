@@ -112,3 +112,21 @@ def test_both_histograms_are_exported_for_every_kind_even_before_any_request():
     assert samples[("snowfence_request_queued_seconds_sum", (("kind", "reserve_after"),))] == pytest.approx(40e-6)
     assert samples[("snowfence_request_queued_seconds_bucket", (("kind", "reserve_after"), ("le", "5e-05")))] == 1
     assert samples[("snowfence_request_queued_seconds_bucket", (("kind", "reserve_after"), ("le", "2.5e-05")))] == 0
+
+
+def test_a_reported_histogram_is_a_copy_so_the_broker_sees_what_its_own_minter_gained():
+    # The broker's own worker ID is described in-process, not through JSON: a report
+    # that shared the live list would make every later increase look like none.
+    from snowfence.clock import StepBacks
+    from snowfence.config import Config
+
+    metrics = Metrics(Config())
+    hist = latency.by_kind()
+    steps = StepBacks()
+    for round_ in (1, 2):
+        for _ in range(5):
+            hist[0].observe(30_000)
+        steps.record(3)
+        metrics.observe(b"inline", protocol.WorkerState(mint_ns=latency.report(hist), step_back_ms=steps.to_dict()))
+        assert metrics.mint_ns[0].count == 5 * round_
+        assert sum(metrics.step_back_counts) == round_

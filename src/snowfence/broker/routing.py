@@ -282,8 +282,8 @@ class Routing:
         :meth:`refuse_waiting` answers it). A request with a causal token or other
         options (``request_id`` None) always goes to a worker.
 
-        True if it went to a worker at once; the caller counts it as having waited
-        0 s, so that the common case reads no clock."""
+        True if it was minted here or went to a worker at once; the caller counts
+        it as having waited 0 s, so that the common case reads no clock."""
         conn = self.conns.get(addr)
         if conn is None:
             conn = self.conns[addr] = Conn(addr)
@@ -298,7 +298,7 @@ class Routing:
                 counters["minted_here"] += 1
                 counters["ids_here"] += got
                 self.to_client(meta, addr, _encode_block(request_id, first, got))
-                return False
+                return True
         conn.inflight += 1
         conn.ids += count
         if not self.fair and self.veto is None and self.accepting:

@@ -46,6 +46,8 @@ from .minter import Minter, WouldWait
 
 log = logging.getLogger("snowfence.broker")
 
+_mono = time.monotonic_ns
+
 #: The slot the broker's own worker ID reports under (workers have 0..workers-1).
 SLOT = -1
 
@@ -171,6 +173,7 @@ class InlineMinter:
     def mint(self, n: int) -> tuple[int, int] | None:
         """``(first, count)`` minted here now, or None: the request goes to a worker.
         Never waits."""
+        start_ns = _mono()
         if not self._lock.acquire(False):
             self.declined["busy"] += 1
             return None
@@ -196,6 +199,7 @@ class InlineMinter:
             counters = core.counters
             counters["requests_ok"] += 1
             counters["ids"] += count
+            core.mint_ns[0].observe(_mono() - start_ns)
             return first, count
         finally:
             self._lock.release()

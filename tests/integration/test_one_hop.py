@@ -1,0 +1,112 @@
+"""Small requests in one hop: the broker's own worker ID, with real nodes, real sockets,
+real file locks and a real etcd."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from checks import check_blocks, read_pairs
+from conftest import HARNESS
+from nodes import etcd_args, wait_for
+
+from snowfence.ids import DEFAULT_LAYOUT, Layout
+
+L = DEFAULT_LAYOUT
+
+
+def own(node) -> dict:
+    return node.status()["broker"].get("own_worker_id") or {}
+
+
+def own_ids(node) -> list[int]:
+    return [h["worker_id"] for h in own(node).get("held", [])]
+
+
+def workers_ids(node) -> set[int]:
+    return {w["worker_id"] for w in node.status()["workers"] if w.get("worker_id") is not None}
+
+
+def test_small_requests_are_minted_by_the_brokers_own_worker_id_and_large_ones_by_workers(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    wait_for(lambda: own(node).get("ready"), 20, what="the broker's own worker ID")
+    (broker_id,) = own_ids(node)
+    assert broker_id not in workers_ids(node)
+    with node.client() as c:
+        small = [c.reserve(n)[0] for n in (1, 1, 7, 64)]
+        large = c.reserve(65) + c.reserve(4096)
+    assert {L.decompose(b.first).worker for b in small} == {broker_id}
+    assert {L.decompose(b.first).worker for b in large} <= workers_ids(node)
+    counters = node.status()["broker"]["counters"]
+    assert counters["minted_here"] >= 4 and counters["ids_here"] >= 73
+
+
+def test_ids_from_the_broker_and_its_workers_under_load_are_unique_and_survive_a_restart(nodes, tmp_path):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    wait_for(lambda: own(node).get("ready"), 20, what="the broker's own worker ID")
+
+    def load(tag: str) -> list[list[tuple[int, int]]]:
+        outs = [tmp_path / f"{tag}{i}.bin" for i in range(3)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(HARNESS / "loadgen.py"), node.endpoint, "30000", str(out), str(i)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for i, out in enumerate(outs)
+        ]
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0, out
+        return [read_pairs(out) for out in outs]
+
+    before = load("a")
+    broker_id = own_ids(node)[0]
+    assert node.status()["broker"]["counters"]["minted_here"] > 0
+    assert node.stop(signal.SIGTERM) == 0  # the broker releases its worker ID (mark lowered to its last ms)
+    assert "released worker ID" in node.log()
+    node.start()
+    node.wait_ready()
+    wait_for(lambda: own(node).get("ready"), 20, what="the broker's own worker ID again")
+    after = load("b")
+    # Unique across both runs, and per worker ID increasing within each client.
+    figures = check_blocks(before + after)
+    assert figures["ids"] == 180_000 and figures["workers"] >= 3
+    minted_by_broker = [f for pairs in before for f, _ in pairs if L.decompose(f).worker == broker_id]
+    assert minted_by_broker
+
+
+def test_a_region_sized_for_the_workers_leaves_the_broker_without_one_and_everything_is_served(nodes):
+    two = Layout(time_bits=41, region_bits=3, worker_bits=1, sequence_bits=18)
+    node = nodes.start(workers=2, args=("--worker-bits", "1", "--sequence-bits", "18"))
+    node.wait_ready()
+    with node.client() as c:
+        blocks = [c.reserve(1)[0] for _ in range(50)]
+    assert {two.decompose(b.first).worker for b in blocks} == {0, 1}
+    status = node.status()
+    assert status["broker"]["counters"]["minted_here"] == 0 and own_ids(node) == []
+    # Its claims fail as expected, quietly: no warning in the log for them.
+    assert "broker" not in "".join(line for line in node.log().splitlines() if "claim_failed" in line)
+
+
+def test_with_etcd_the_broker_holds_a_leased_worker_id_and_gives_it_back_when_killed(nodes, etcd):
+    a = nodes.start("a", workers=1, args=etcd_args(etcd, "onehop"))
+    a.wait_ready()
+    wait_for(lambda: own(a).get("ready"), 30, what="a's own worker ID")
+    (broker_id,) = own_ids(a)
+    held = own(a)["held"][0]
+    assert held["token"] > 0 and held["lease_remaining_s"] is not None
+    with a.client() as c:
+        first = c.reserve(1)[0].first
+    assert L.decompose(first).worker == broker_id
+    assert broker_id not in workers_ids(a)
+    a.kill()  # no release: its lease must lapse before anyone else mints from that worker ID
+    b = nodes.start("b", workers=1, args=etcd_args(etcd, "onehop"))
+    b.wait_ready(timeout_s=60)
+    wait_for(lambda: own(b).get("ready"), 60, what="b's own worker ID")
+    with b.client() as c:
+        later = [blk for n in (1, 1, 1000) for blk in c.reserve(n)]
+    assert all(blk.first > first for blk in later if L.decompose(blk.first).worker == broker_id)
