@@ -190,7 +190,7 @@ def layout(server) -> sfwire.Layout:
 
 @pytest.fixture(scope="session")
 def worker_ids(server) -> set[int]:
-    return {w["worker_id"] for w in server.ready_status["workers"]}
+    return sfwire.held_worker_ids(server.ready_status)
 
 
 @pytest.fixture

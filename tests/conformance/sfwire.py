@@ -166,6 +166,21 @@ class Layout:
 # -- sockets --------------------------------------------------------------------------
 
 
+def held_entries(status: dict) -> list[dict]:
+    """Every held worker ID's entry in a STATUS_REPLY: the workers' and the broker's own."""
+    own = (status.get("broker") or {}).get("own_worker_id") or {}
+    return [w for w in status["workers"] if w.get("worker_id") is not None] + list(own.get("held", []))
+
+
+def held_worker_ids(status: dict) -> set[int]:
+    """The worker IDs a STATUS_REPLY says the server holds: its workers' and the broker's
+    own (``broker.own_worker_id``, which answers small requests; PROTOCOL.md)."""
+    own = (status.get("broker") or {}).get("own_worker_id") or {}
+    return {w["worker_id"] for w in status["workers"] if w.get("worker_id") is not None} | {
+        h["worker_id"] for h in own.get("held", [])
+    }
+
+
 def socket(ctx: zmq.Context, kind: int = zmq.DEALER, timeout_ms: int = 3000) -> zmq.Socket:
     """A socket whose sends and receives give up after ``timeout_ms`` and that never lingers."""
     sock = ctx.socket(kind)

@@ -57,7 +57,7 @@ def run(client: Path, *args: str) -> subprocess.CompletedProcess:
 def test_c_client_reserves_n_unique_ids(c_client, server, n):
     st = server.status()
     layout = sfwire.Layout.of(st)
-    workers = {w["worker_id"] for w in st["workers"]}
+    workers = sfwire.held_worker_ids(st)
     proc = run(c_client, server.endpoint, str(n))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()

@@ -234,7 +234,8 @@ def test_message_over_64_kib_is_dropped_and_the_connection_closed(server, socket
 
 def test_unavailable_when_no_worker_is_in_rotation(stalled_server, sockets):
     sock = sockets(endpoint=stalled_server.endpoint)
-    err = check_error(sfwire.request(sock, sfwire.reserve(RID, 1)), ERROR_CODES.keys(), RID)
+    # More IDs than the broker answers from its own worker ID (PROTOCOL.md): only a worker may.
+    err = check_error(sfwire.request(sock, sfwire.reserve(RID, 4096)), ERROR_CODES.keys(), RID)
     assert err["retriable"] is True, err
     assert err["code"] == "unavailable", err
     # STATUS is answered by the broker itself.

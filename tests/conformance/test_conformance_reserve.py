@@ -15,7 +15,7 @@ CLOCK_SLACK_MS = 10_000
 
 
 def current_worker_ids(server) -> set[int]:
-    return {w["worker_id"] for w in server.status()["workers"] if w["worker_id"] is not None}
+    return sfwire.held_worker_ids(server.status())
 
 
 def check_block(reply: sfwire.Reply, request_id: int, requested: int, layout: sfwire.Layout, worker_ids, region=0):
@@ -100,7 +100,7 @@ def test_request_id_echoed_full_range(server, sockets, layout, worker_ids, rid):
 @pytest.mark.parametrize("count", [1, 2, 7, 1000, 4095, 4096])
 def test_block_semantics(server, sockets, layout, count):
     status = server.status()
-    ids = {w["worker_id"] for w in status["workers"]}
+    ids = sfwire.held_worker_ids(status)
     reply = sfwire.request(sockets(), sfwire.reserve(7, count))
     check_block(reply, 7, count, layout, ids, region=status["region"])
     assert status["region"] == 0, "embedded default region"

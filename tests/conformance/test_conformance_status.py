@@ -128,7 +128,7 @@ def test_reserved_until_ms_is_ahead_of_minted_ids(server, sockets, layout):
         minted[d.worker] = max(minted.get(d.worker, 0), d.unix_ms - layout.epoch_ms)
     _, st = get_status(sockets)
     now_rel = time.time() * 1000 - layout.epoch_ms
-    by_id = {w["worker_id"]: w for w in st["workers"]}
+    by_id = {w["worker_id"]: w for w in sfwire.held_entries(st)}
     for worker, ms in minted.items():
         mark = by_id[worker]["reserved_until_ms"]
         assert mark >= ms, f"worker {worker} minted in ms {ms} past its mark {mark}"

@@ -66,8 +66,11 @@ def test_it_claims_only_once_the_workers_hold_theirs_then_mints_unique_increasin
             ids.extend(range(first, first + count))
     assert ids == sorted(ids) and len(set(ids)) == len(ids) > 0
     assert im.core.counters["ids"] == len(ids)
-    state = im.snapshot(time.monotonic_ns())
-    assert state is not None and state.slot == -1 and [h.state for h in state.held] == ["ready"]
+    states = []
+    # None while its thread holds the core (every 10 ms, briefly): the loop never waits.
+    assert until(lambda: states.append(im.snapshot(time.monotonic_ns())) or states[-1] is not None)
+    state = states[-1]
+    assert state.slot == -1 and [h.state for h in state.held] == ["ready"]
     assert im.describe()["max_ids"] == 64
 
 

@@ -15,10 +15,37 @@ import time
 from collections.abc import Iterator
 
 import zmq
+import zmq.backend
 
 from .. import protocol
 from ..errors import SnowfenceError
 from .core import Block, ClientBase, Pending, Prefetch, PrefetchDepth, ReserveJob, ReserveRound, StatusRound
+
+# The wait for a reply is a blocking recv with a receive timeout (the GIL released),
+# not Socket.poll, which builds a Poller for every call; and pyzmq's Cython methods
+# are called directly, without the Python wrappers. Both are on every round trip.
+_send = zmq.backend.Socket.send
+_recv = zmq.backend.Socket.recv
+_NOBLOCK = int(zmq.NOBLOCK)
+_RCVTIMEO = int(zmq.RCVTIMEO)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
+
+def _recv_within(sock: zmq.Socket, timeout_ms: int, timeouts: dict) -> bytes | None:
+    """The next message on ``sock`` within ``timeout_ms``, or None."""
+    if timeouts.get(sock) != timeout_ms:
+        sock.setsockopt(_RCVTIMEO, timeout_ms)
+        timeouts[sock] = timeout_ms
+    try:
+        return _recv(sock)
+    except zmq.Again:
+        return None
+
+
+def _pending(sock: zmq.Socket) -> bool:
+    """Whether another message is waiting on ``sock`` (without an exception for no)."""
+    return bool(sock.getsockopt(_EVENTS) & _POLLIN)
 
 
 class Client(ClientBase):
@@ -46,6 +73,8 @@ class Client(ClientBase):
         self._lock = threading.RLock()
         self._sock: zmq.Socket | None = None
         self._prefetchers: list[Prefetcher] = []
+        #: The receive timeout each socket has now (set only when it changes).
+        self._rcvtimeo: dict = {}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -120,6 +149,7 @@ class Client(ClientBase):
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
             self._sock = self._dealer()
+            self._rcvtimeo = {}
         return self._sock
 
     def _discover(self) -> None:
@@ -143,10 +173,11 @@ class Client(ClientBase):
         sock = self._socket()
         while True:
             left_ms = (pending.deadline_ns - time.monotonic_ns()) // 1_000_000
-            if left_ms <= 0 or not sock.poll(left_ms, zmq.POLLIN):
+            body = _recv_within(sock, left_ms, self._rcvtimeo) if left_ms > 0 else None
+            if body is None:
                 self._reset(rotate=True)
                 return None
-            matched = self._core.match(sock.recv())
+            matched = self._core.match(body)
             if matched is not None and matched[0] is pending:
                 return matched[1]
 
@@ -157,17 +188,16 @@ class Client(ClientBase):
                 sock = self._socket()
                 now = time.monotonic_ns()
                 for _, frame in round_.requests(now):
-                    sock.send(frame)
+                    _send(sock, frame)
                 wait_ms = max(0, (round_.deadline_ns(now) - now) // 1_000_000)
-                if sock.poll(wait_ms, zmq.POLLIN):
-                    while True:
-                        try:
-                            body = sock.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        matched = core.match(body)
-                        if matched is not None and matched[0].job is job:
-                            round_.on_reply(*matched)
+                body = _recv_within(sock, wait_ms, self._rcvtimeo) if wait_ms else None
+                if body is None and not wait_ms and _pending(sock):
+                    body = _recv(sock, _NOBLOCK)
+                while body is not None:
+                    matched = core.match(body)
+                    if matched is not None and matched[0].job is job:
+                        round_.on_reply(*matched)
+                    body = _recv(sock, _NOBLOCK) if _pending(sock) else None
                 reset, sleep_s = round_.settle(time.monotonic_ns())
                 if reset:
                     self._reset(rotate=True)
