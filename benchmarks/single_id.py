@@ -4,10 +4,10 @@ What a user who takes one ID per event (a web request creating one row) compares
 Each round measures, one after the other in this process, for ``--duration`` s each:
 
 - ``Client.reserve(1)`` of snowfence's blocking client against a node on TCP loopback,
-  which answers it itself, in one hop (the default ``--broker-mint-max-ids``);
+  started with ``--broker-mint-max-ids 64``, so that its broker answers it itself, in one hop;
 - the same request from a bare DEALER socket (what the client library itself costs);
-- both again against a second node started with ``--broker-mint-max-ids 0``, where every
-  request crosses two hops (client to broker, broker to worker), as before the one-hop path;
+- both again against a second node with the default (``--broker-mint-max-ids 0``), where
+  every request crosses two hops (client to broker, broker to worker);
 - Redis ``INCR`` through redis-py, one per round trip, on TCP loopback;
 - a bare pyzmq ROUTER echo in another Python process (one ZeroMQ hop, no work);
 - ``AsyncClient.reserve(1)`` and redis-py's asyncio client, likewise (uvloop if installed).
@@ -190,7 +190,7 @@ def main() -> None:
     two_ep = f"tcp://127.0.0.1:{two_port}"
     procs = []
     try:
-        for endpoint, name, extra in ((node_ep, "one", []), (two_ep, "two", ["--broker-mint-max-ids", "0"])):
+        for endpoint, name, extra in ((node_ep, "one", ["--broker-mint-max-ids", "64"]), (two_ep, "two", [])):
             serve = [sys.executable, "-m", "snowfence", "serve", "--bind", endpoint, "--state-dir", str(root / name)]
             serve += extra + shlex.split(args.serve_args)
             log = open(root / f"serve-{name}.log", "ab")

@@ -461,8 +461,12 @@ def ownership(w: World) -> dict[tuple[str, int], list[tuple[int, int]]]:
                 if iv is not None:
                     iv[1] = at
             elif ev == "worker_exited":
+                # Logged by the broker: the exited worker's pid is a field of the event,
+                # which the JSON log keeps under "fields" (the top-level "pid" is the
+                # broker's, whose own worker ID lives on).
+                exited = (e.get("fields") or {}).get("pid", e.get("pid"))
                 for (pid, wid), iv in list(open_by_pid.items()):
-                    if pid == e.get("pid"):
+                    if pid == exited:
                         iv[1] = min(iv[1], at)
                         del open_by_pid[(pid, wid)]
         for at in kills[name]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 from checks import check_blocks, read_pairs
 from conftest import HARNESS
@@ -14,6 +15,8 @@ from nodes import etcd_args, wait_for
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 
 L = DEFAULT_LAYOUT
+#: The broker answers plain requests of up to 64 IDs itself (off by default).
+ONE_HOP = ("--broker-mint-max-ids", "64")
 
 
 def own(node) -> dict:
@@ -29,7 +32,7 @@ def workers_ids(node) -> set[int]:
 
 
 def test_small_requests_are_minted_by_the_brokers_own_worker_id_and_large_ones_by_workers(nodes):
-    node = nodes.start(workers=2)
+    node = nodes.start(workers=2, args=ONE_HOP)
     node.wait_ready()
     wait_for(lambda: own(node).get("ready"), 20, what="the broker's own worker ID")
     (broker_id,) = own_ids(node)
@@ -44,7 +47,7 @@ def test_small_requests_are_minted_by_the_brokers_own_worker_id_and_large_ones_b
 
 
 def test_ids_from_the_broker_and_its_workers_under_load_are_unique_and_survive_a_restart(nodes, tmp_path):
-    node = nodes.start(workers=2)
+    node = nodes.start(workers=2, args=ONE_HOP)
     node.wait_ready()
     wait_for(lambda: own(node).get("ready"), 20, what="the broker's own worker ID")
 
@@ -81,7 +84,7 @@ def test_ids_from_the_broker_and_its_workers_under_load_are_unique_and_survive_a
 
 def test_a_region_sized_for_the_workers_leaves_the_broker_without_one_and_everything_is_served(nodes):
     two = Layout(time_bits=41, region_bits=3, worker_bits=1, sequence_bits=18)
-    node = nodes.start(workers=2, args=("--worker-bits", "1", "--sequence-bits", "18"))
+    node = nodes.start(workers=2, args=("--worker-bits", "1", "--sequence-bits", "18", *ONE_HOP))
     node.wait_ready()
     with node.client() as c:
         blocks = [c.reserve(1)[0] for _ in range(50)]
@@ -93,7 +96,7 @@ def test_a_region_sized_for_the_workers_leaves_the_broker_without_one_and_everyt
 
 
 def test_with_etcd_the_broker_holds_a_leased_worker_id_and_gives_it_back_when_killed(nodes, etcd):
-    a = nodes.start("a", workers=1, args=etcd_args(etcd, "onehop"))
+    a = nodes.start("a", workers=1, args=(*etcd_args(etcd, "onehop"), *ONE_HOP))
     a.wait_ready()
     wait_for(lambda: own(a).get("ready"), 30, what="a's own worker ID")
     (broker_id,) = own_ids(a)
@@ -104,9 +107,34 @@ def test_with_etcd_the_broker_holds_a_leased_worker_id_and_gives_it_back_when_ki
     assert L.decompose(first).worker == broker_id
     assert broker_id not in workers_ids(a)
     a.kill()  # no release: its lease must lapse before anyone else mints from that worker ID
-    b = nodes.start("b", workers=1, args=etcd_args(etcd, "onehop"))
+    b = nodes.start("b", workers=1, args=(*etcd_args(etcd, "onehop"), *ONE_HOP))
     b.wait_ready(timeout_s=60)
     wait_for(lambda: own(b).get("ready"), 60, what="b's own worker ID")
     with b.client() as c:
         later = [blk for n in (1, 1, 1000) for blk in c.reserve(n)]
     assert all(blk.first > first for blk in later if L.decompose(blk.first).worker == broker_id)
+
+
+def test_a_clock_step_back_hands_small_requests_to_a_worker_without_an_error(nodes, clock):
+    node = nodes.start(workers=1, env=clock.env(), args=ONE_HOP)
+    node.wait_ready()
+    wait_for(lambda: own(node).get("ready"), 20, what="the broker's own worker ID")
+    with node.client(retries=0) as c:
+        before = [c.reserve(1)[0] for _ in range(20)]  # minted by the broker's own worker ID
+        clock.shift_all(-4)  # a few ms: a worker's minter would sleep it out; the broker's may not
+        small = [c.reserve(1)[0] for _ in range(5)]
+        assert own(node)["declined"].get("would_wait", 0) >= 1
+        clock.shift_all(0)
+        time.sleep(0.5)  # the worker's last millisecond is now well behind the clock
+        again = [c.reserve(1)[0] for _ in range(20)]  # the broker's own again
+        clock.shift_all(-300)  # beyond the 10 ms a minter waits out: the broker's refuses it
+        after = [c.reserve(1)[0] for _ in range(5)]  # and the worker, which has not minted since, answers
+    assert own(node)["declined"].get("refused", 0) >= 1, own(node)
+    # Its state as STATUS shows it (a snapshot of at most one housekeeping turn ago).
+    wait_for(lambda: own(node)["held"][0]["state"] == "clock_unsafe", 2, what="the broker's worker ID out")
+    blocks = before + small + again + after
+    check_blocks([[(b.first, b.count) for b in blocks]])  # unique; per worker ID increasing
+    # Until the clock is back past its last millisecond (a few ms), small ones went to the worker.
+    assert {L.decompose(b.first).worker for b in small} & workers_ids(node)
+    assert {L.decompose(b.first).worker for b in after} <= workers_ids(node)
+    assert {L.decompose(b.first).worker for b in before + again} == set(own_ids(node))

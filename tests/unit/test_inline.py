@@ -27,7 +27,9 @@ def inline(tmp_path):
     made = []
 
     def make(settled: bool = True, **settings) -> tuple[InlineMinter, threading.Event]:
-        config = Config(state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", **settings)
+        config = Config(
+            state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", broker_mint_max_ids=64, **settings
+        )
         settle = threading.Event()
         if settled:
             settle.set()
