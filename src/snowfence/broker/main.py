@@ -279,7 +279,9 @@ class Node:
             self.router.core.mint_here(inline.mint, self.config.broker_mint_max_ids)
 
     def workers_settled(self) -> bool:
-        """Every worker process of this node is connected and holds all its worker IDs."""
+        """Every worker process of this node is connected and holds all its worker IDs.
+        Read from the broker's own worker ID's thread: a snapshot of the links (taken
+        under the GIL), never a lock the loop would wait for."""
         links = list(self.router.core.links.values())
         wanted = len(self.supervisor.procs) * self.config.ids_per_worker
         return len(links) >= len(self.supervisor.procs) and sum(len(link.status.held) for link in links) >= wanted
