@@ -230,3 +230,13 @@ def test_https_etcd_endpoints_without_a_ca_are_refused_with_the_settings():
         cfg.load(flags={"etcd": "http://a:1,https://b:2"}, env={})
     with pytest.raises(ConfigError, match="must look like"):  # every endpoint is checked, not only up to one https
         cfg.load(flags={"etcd": "https://b:2,http://c"}, env={"SNOWFENCE_ETCD_CA": "ca.pem"})
+
+
+@pytest.mark.parametrize("value", [-1, 4097])
+def test_broker_mint_max_ids_outside_0_to_4096_is_refused_by_name(value):
+    with pytest.raises(ConfigError, match="broker_mint_max_ids must be 0..4096"):
+        cfg.Config(broker_mint_max_ids=value)
+
+
+def test_the_broker_mints_nothing_itself_unless_asked():
+    assert cfg.Config().broker_mint_max_ids == 0 and cfg.Config(broker_mint_max_ids=64).broker_mint_max_ids == 64

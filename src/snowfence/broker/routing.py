@@ -47,6 +47,9 @@ and feeds it what arrives, each call returning once its output has gone out:
     a worker process is gone.
 ``stop_accepting()``, ``broadcast(frame)``, ``veto``
     the node stops; or its clock must not be trusted (``veto`` set to why).
+``mint_here(mint, max_ids)``
+    the broker's own worker ID (``workers/inline.py``) answers plain requests of
+    up to ``max_ids`` IDs when ``mint(n)`` can at once; otherwise they go on.
 
 and reads: :meth:`status` (STATUS), :attr:`heard` (for the supervisor),
 :attr:`counters`, :attr:`links`, :attr:`rotation`, :attr:`fair`,
