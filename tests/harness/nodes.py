@@ -206,6 +206,7 @@ def etcd_args(cluster, name: str = "test", *extra) -> tuple:
     return ("--etcd", ",".join(cluster.endpoints), "--cluster", name, *extra)
 
 
-#: A node whose every request goes to a worker (two hops): for tests of what a worker's
-#: minter does with each request (the broker's own worker ID would answer small ones).
+#: A node whose every request goes to a worker (two hops), said explicitly: for tests of
+#: what a worker's minter does with each request, whatever the default of
+#: ``--broker-mint-max-ids`` (with it on, the broker's own worker ID answers small ones).
 TWO_HOPS = ("--broker-mint-max-ids", "0")
