@@ -189,6 +189,17 @@ class HostClock:
     def ahead_ms(self) -> int:
         return self.jumps.ahead_ms
 
+    @classmethod
+    def watching(cls, config, log: logging.Logger) -> HostClock:
+        """The watch a process's settings ask for (``forward_jump_ms``,
+        ``refuse_forward_jumps``, ``max_clock_error_ms``), on the host's clocks."""
+        return cls(
+            forward_jump_ms=config.forward_jump_ms,
+            refuse_forward_jumps=config.refuse_forward_jumps,
+            max_clock_error_ms=config.max_clock_error_ms,
+            log=log,
+        )
+
     def check(self, now_ns: int) -> tuple[bool, bool]:
         """Look at the clocks now: (a new forward jump?, did the veto change?)."""
         jumped = self.jumps.observe(self._wall_ns(), now_ns)

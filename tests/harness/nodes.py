@@ -206,6 +206,19 @@ def etcd_args(cluster, name: str = "test", *extra) -> tuple:
     return ("--etcd", ",".join(cluster.endpoints), "--cluster", name, *extra)
 
 
+#: The load-generating client process (``loadgen.py``): reserves ``total`` IDs, records every block.
+LOADGEN = Path(__file__).resolve().parent / "loadgen.py"
+
+
+def loadgen(endpoint: str, total: int, out, seed: int, deadline_s: float = 60.0) -> subprocess.Popen:
+    """Start one loadgen client against ``endpoint``; its blocks go to ``out``."""
+    return subprocess.Popen(
+        [sys.executable, str(LOADGEN), endpoint, str(total), str(out), str(seed), str(deadline_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 #: A node whose every request goes to a worker (two hops), said explicitly: for tests of
 #: what a worker's minter does with each request, whatever the default of
 #: ``--broker-mint-max-ids`` (with it on, the broker's own worker ID answers small ones).

@@ -13,8 +13,7 @@ import time
 import orjson
 import pytest
 from checks import check_blocks, read_pairs
-from conftest import HARNESS
-from nodes import FAST_LEASES, TWO_HOPS, etcd_args, wait_for
+from nodes import FAST_LEASES, TWO_HOPS, etcd_args, loadgen, wait_for
 
 from snowfence.errors import Fenced, SnowfenceError
 from snowfence.ids import DEFAULT_LAYOUT, Layout
@@ -27,14 +26,6 @@ TWO_IDS_LAYOUT = Layout(time_bits=41, region_bits=3, worker_bits=1, sequence_bit
 
 def worker_ids(node) -> set[int]:
     return {w["worker_id"] for w in node.status()["workers"] if w.get("worker_id") is not None}
-
-
-def loadgen(endpoint: str, total: int, out, seed: int, deadline_s: float) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, str(HARNESS / "loadgen.py"), endpoint, str(total), str(out), str(seed), str(deadline_s)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
 
 
 def test_two_nodes_in_one_region_hold_disjoint_worker_ids(nodes, etcd):

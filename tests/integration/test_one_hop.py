@@ -4,13 +4,10 @@ real file locks and a real etcd."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 
 from checks import check_blocks, read_pairs
-from conftest import HARNESS
-from nodes import etcd_args, wait_for
+from nodes import etcd_args, loadgen, wait_for
 
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 
@@ -53,14 +50,7 @@ def test_ids_from_the_broker_and_its_workers_under_load_are_unique_and_survive_a
 
     def load(tag: str) -> list[list[tuple[int, int]]]:
         outs = [tmp_path / f"{tag}{i}.bin" for i in range(3)]
-        procs = [
-            subprocess.Popen(
-                [sys.executable, str(HARNESS / "loadgen.py"), node.endpoint, "30000", str(out), str(i)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for i, out in enumerate(outs)
-        ]
+        procs = [loadgen(node.endpoint, 30_000, out, i) for i, out in enumerate(outs)]
         for p in procs:
             out, _ = p.communicate(timeout=120)
             assert p.returncode == 0, out

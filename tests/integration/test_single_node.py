@@ -15,8 +15,7 @@ import orjson
 import pytest
 import zmq
 from checks import check_blocks, read_pairs
-from conftest import HARNESS
-from nodes import TWO_HOPS, wait_for
+from nodes import TWO_HOPS, loadgen, wait_for
 
 import snowfence
 from snowfence import protocol
@@ -54,14 +53,7 @@ def test_100k_ids_from_concurrent_client_processes_are_unique_and_increase_per_w
     node = nodes.start(workers=2)
     node.wait_ready()
     outs = [tmp_path / f"client{i}.bin" for i in range(4)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HARNESS / "loadgen.py"), node.endpoint, "25000", str(out), str(i)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i, out in enumerate(outs)
-    ]
+    procs = [loadgen(node.endpoint, 25_000, out, i) for i, out in enumerate(outs)]
     for p in procs:
         assert p.wait(60) == 0, p.stdout.read()
     figures = check_blocks([read_pairs(o) for o in outs])
@@ -73,14 +65,7 @@ def test_sigkill_of_a_worker_loses_only_its_in_flight_requests_and_never_repeats
     node = nodes.start(workers=2)
     node.wait_ready()
     outs = [tmp_path / f"c{i}.bin" for i in range(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HARNESS / "loadgen.py"), node.endpoint, "400000", str(o), str(i), "30"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i, o in enumerate(outs)
-    ]
+    procs = [loadgen(node.endpoint, 400_000, o, i, 30) for i, o in enumerate(outs)]
     time.sleep(0.7)
     victim = node.worker_pids()[0]
     os.kill(victim, signal.SIGKILL)

@@ -113,3 +113,16 @@ def test_a_store_it_cannot_open_leaves_it_off(tmp_path):
     assert not im.start()
     assert im.describe() is None
     im.stop()
+
+
+def test_a_failure_on_its_thread_leaves_nothing_in_rotation_and_requests_go_to_workers(inline):
+    im, _ = inline()
+    assert until(lambda: ready(im))
+    assert im.mint(1) is not None
+
+    def broken(now_ns, **kw):
+        raise RuntimeError("a bug in a timer")
+
+    im.core.tick = broken  # the next turn of its thread fails
+    assert until(lambda: not im._thread.is_alive())
+    assert im.mint(1) is None and im.declined["not_ready"] >= 1

@@ -113,12 +113,7 @@ class InlineMinter:
             store=store,
             preferences=[broker_preference_file(config)],
             send=lambda frame: None,  # its state is read with describe(), not sent
-            host_clock=HostClock(
-                forward_jump_ms=config.forward_jump_ms,
-                refuse_forward_jumps=config.refuse_forward_jumps,
-                max_clock_error_ms=config.max_clock_error_ms,
-                log=log,
-            ),
+            host_clock=HostClock.watching(config, log),
             now_ns=time.monotonic_ns(),
             loop_ns=self._loop_ns,
             make_minter=_no_wait_minter,

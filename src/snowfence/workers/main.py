@@ -125,12 +125,7 @@ class Worker:
             store=store,
             preferences=preference_files(config, self.slot),
             send=functools.partial(_send, self.sock),
-            host_clock=HostClock(
-                forward_jump_ms=config.forward_jump_ms,
-                refuse_forward_jumps=config.refuse_forward_jumps,
-                max_clock_error_ms=config.max_clock_error_ms,
-                log=log,
-            ),
+            host_clock=HostClock.watching(config, log),
             now_ns=time.monotonic_ns(),
         )
         try:
