@@ -3,18 +3,23 @@
 What a user who takes one ID per event (a web request creating one row) compares.
 Each round measures, one after the other in this process, for ``--duration`` s each:
 
-- ``Client.reserve(1)`` of snowfence's blocking client against a node on TCP loopback,
-  started with ``--broker-mint-max-ids 64``, so that its broker answers it itself, in one hop;
-- the same request from a bare DEALER socket (what the client library itself costs);
-- both again against a second node with the default (``--broker-mint-max-ids 0``), where
-  every request crosses two hops (client to broker, broker to worker);
+- ``Client.reserve(1)`` of snowfence's blocking client against a node on TCP loopback
+  started with ``--broker-mint-max-ids 64``: the client learns the node's fast port
+  (plain TCP) and its broker answers the request itself;
+- the same request from a bare TCP socket on that fast port (what the client library costs);
+- ``Client.reserve(1)`` against a node with the fast port but without the broker's
+  minting (the defaults: the broker hands the request to a worker);
+- ``Client.reserve(1)`` over ZeroMQ alone (``--fast-bind off``), with the broker's minting
+  (one ZeroMQ hop) and without (two hops: client to broker, broker to worker, the
+  defaults of the previous release);
 - Redis ``INCR`` through redis-py, one per round trip, on TCP loopback;
 - a bare pyzmq ROUTER echo in another Python process (one ZeroMQ hop, no work);
-- ``AsyncClient.reserve(1)`` and redis-py's asyncio client, likewise (uvloop if installed).
+- ``AsyncClient.reserve(1)`` (fast port and broker minting; ZeroMQ and two hops) and
+  redis-py's asyncio client, likewise (uvloop if installed).
 
 Rounds interleave the variants; the table shows the median over rounds of each
-round's p50 and p99. The node is started by this script (``snowfence serve`` on
-a free port, its defaults otherwise), as are Redis (Debian's ``redis-server``) and
+round's p50 and p99. The nodes are started by this script (``snowfence serve`` on
+free ports, their defaults otherwise), as are Redis (Debian's ``redis-server``) and
 the echo; all are stopped at the end. Needs ``pip install -e '.[bench]'``.
 
     python benchmarks/single_id.py [--runs 3] [--duration 3] [--serve-args "..."]
@@ -106,22 +111,22 @@ def snowfence_client(endpoint: str, duration_s: float) -> dict:
         return timed(lambda: client.reserve(1), duration_s)
 
 
-def raw_dealer(endpoint: str, duration_s: float) -> dict:
-    import zmq
-
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(endpoint)
+def raw_fast(endpoint: str, duration_s: float) -> dict:
+    """A bare blocking TCP socket on the node's fast port (learned from NODES)."""
+    with Client(endpoint, timeout_s=5.0) as client:
+        port = client.nodes()["fast_port"]
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     ids = iter(range(1, 1 << 62))
 
     def call():
-        sock.send(protocol.encode_reserve(next(ids) & 0xFFFFFFFF, 1))
-        protocol.decode_reply(sock.recv())
+        sock.sendall(protocol.encode_stream(protocol.encode_reserve(next(ids), 1)))
+        protocol.decode_reply(sock.recv(64)[4:])
 
     try:
         return timed(call, duration_s)
     finally:
-        sock.close(0)
+        sock.close()
 
 
 def redis_incr(port: int, duration_s: float) -> dict:
@@ -185,12 +190,19 @@ def main() -> None:
     if shutil.which("redis-server") is None:
         sys.exit("redis-server is not installed (Debian: apt-get install redis-server)")
     root = Path(tempfile.mkdtemp(prefix="sf-single-"))
-    node_port, two_port, redis_port, echo_port = free_port(), free_port(), free_port(), free_port()
-    node_ep, echo_ep = f"tcp://127.0.0.1:{node_port}", f"tcp://127.0.0.1:{echo_port}"
-    two_ep = f"tcp://127.0.0.1:{two_port}"
+    redis_port, echo_port = free_port(), free_port()
+    echo_ep = f"tcp://127.0.0.1:{echo_port}"
+    #: name: (endpoint, serve arguments beyond the defaults)
+    nodes = {
+        "fast": (f"tcp://127.0.0.1:{free_port()}", ["--broker-mint-max-ids", "64"]),
+        "fast-worker": (f"tcp://127.0.0.1:{free_port()}", []),
+        "zmq-one": (f"tcp://127.0.0.1:{free_port()}", ["--broker-mint-max-ids", "64", "--fast-bind", "off"]),
+        "zmq-two": (f"tcp://127.0.0.1:{free_port()}", ["--fast-bind", "off"]),
+    }
+    fast_ep, worker_ep, one_ep, two_ep = (nodes[n][0] for n in ("fast", "fast-worker", "zmq-one", "zmq-two"))
     procs = []
     try:
-        for endpoint, name, extra in ((node_ep, "one", ["--broker-mint-max-ids", "64"]), (two_ep, "two", [])):
+        for name, (endpoint, extra) in nodes.items():
             serve = [sys.executable, "-m", "snowfence", "serve", "--bind", endpoint, "--state-dir", str(root / name)]
             serve += extra + shlex.split(args.serve_args)
             log = open(root / f"serve-{name}.log", "ab")
@@ -209,9 +221,10 @@ def main() -> None:
         )
         procs.append(echo)
         echo.stdout.readline()
-        wait_ready(node_ep, 1)
-        wait_ready(two_ep, 1)
-        wait_own_worker_id(node_ep)
+        for endpoint, _ in nodes.values():
+            wait_ready(endpoint, 1)
+        wait_own_worker_id(fast_ep)
+        wait_own_worker_id(one_ep)
         import redis
 
         deadline = time.monotonic() + 10
@@ -224,14 +237,17 @@ def main() -> None:
                     raise
                 time.sleep(0.05)
         variants = {
-            "snowfence Client.reserve(1)": lambda: snowfence_client(node_ep, args.duration),
-            "snowfence, a bare DEALER": lambda: raw_dealer(node_ep, args.duration),
-            "snowfence Client.reserve(1), two hops": lambda: snowfence_client(two_ep, args.duration),
-            "snowfence, a bare DEALER, two hops": lambda: raw_dealer(two_ep, args.duration),
+            "snowfence Client.reserve(1), fast port": lambda: snowfence_client(fast_ep, args.duration),
+            "a bare TCP socket, fast port": lambda: raw_fast(fast_ep, args.duration),
+            "snowfence Client.reserve(1), fast port, worker mints": lambda: snowfence_client(worker_ep, args.duration),
+            "snowfence Client.reserve(1), ZeroMQ, one hop": lambda: snowfence_client(one_ep, args.duration),
+            "snowfence Client.reserve(1), ZeroMQ, two hops": lambda: snowfence_client(two_ep, args.duration),
             "Redis INCR, redis-py": lambda: redis_incr(redis_port, args.duration),
             "pyzmq ROUTER echo (one hop)": lambda: zmq_echo(echo_ep, args.duration),
-            "snowfence AsyncClient.reserve(1)": lambda: run_async(async_snowfence(node_ep, args.duration)),
-            "snowfence AsyncClient.reserve(1), two hops": lambda: run_async(async_snowfence(two_ep, args.duration)),
+            "snowfence AsyncClient.reserve(1), fast port": lambda: run_async(async_snowfence(fast_ep, args.duration)),
+            "snowfence AsyncClient.reserve(1), ZeroMQ, two hops": lambda: run_async(
+                async_snowfence(two_ep, args.duration)
+            ),
             "Redis INCR, redis-py asyncio": lambda: run_async(async_redis(redis_port, args.duration)),
         }
         results: dict[str, list[dict]] = {name: [] for name in variants}
@@ -239,7 +255,7 @@ def main() -> None:
             for name, fn in variants.items():
                 r = fn()
                 results[name].append(r)
-                line = f"run {run} {name:34s} p50 {r['p50']:7.0f}  p99 {r['p99']:7.0f} us  ({r['n']:,} calls)"
+                line = f"run {run} {name:52s} p50 {r['p50']:7.0f}  p99 {r['p99']:7.0f} us  ({r['n']:,} calls)"
                 print(line, flush=True)
         print(f"\n{args.runs} rounds of {args.duration:g} s each, interleaved; medians of each round's quantiles\n")
         print("| one ID per round trip | p50 us | p99 us | p50 per round | p99 per round |")

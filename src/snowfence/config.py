@@ -45,6 +45,15 @@ class Config:
 
     # -- serving ------------------------------------------------------------------
     bind: str = setting("tcp://127.0.0.1:5555", "ZeroMQ endpoint the broker binds for clients.", metavar="ENDPOINT")
+    fast_bind: str = setting(
+        "auto",
+        "HOST:PORT of the fast port: plain TCP beside the ZeroMQ endpoint, carrying the same requests and "
+        "replies, each after its length, without ZeroMQ's I/O threads on either end. Clients learn it from "
+        "NODES and send there each reservation that fits one request. auto (the default): the bind's host, "
+        "on a port the system picks, when bind is tcp://; off: none. There is no fast port with CURVE "
+        "(it carries no encryption).",
+        metavar="HOST:PORT",
+    )
     workers: int = setting(
         0,
         "Worker processes to run; 0 means one per CPU this process may use (its affinity mask and cgroup quota).",
@@ -320,6 +329,16 @@ class Config:
             raise ConfigError("curve_allow needs curve_secret_key")
         if self.max_clock_error_ms < 0 or self.forward_jump_ms < 1:
             raise ConfigError("max_clock_error_ms must be >= 0 and forward_jump_ms >= 1")
+        if self.fast_bind not in ("auto", "off", ""):
+            try:
+                host_port(self.fast_bind, "127.0.0.1:5556")
+            except ValueError as exc:
+                raise ConfigError(f"fast_bind {self.fast_bind!r}: {exc} (or auto, or off)") from None
+            if self.curve_secret_key:
+                raise ConfigError(
+                    "fast_bind: the fast port carries no encryption, and a node with CURVE has none "
+                    "(set fast_bind to off or auto)"
+                )
         if self.metrics_bind:
             try:
                 host_port(self.metrics_bind)
@@ -377,7 +396,7 @@ class Config:
 
 
 #: Settings that take one of a few words; any case is accepted, kept in lower case.
-WORD_SETTINGS = ("log_level", "log_format", "clock_policy")
+WORD_SETTINGS = ("log_level", "log_format", "clock_policy", "fast_bind")
 
 
 def host_port(text: str, example: str = "127.0.0.1:9464") -> tuple[str, int]:

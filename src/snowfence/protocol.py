@@ -28,6 +28,14 @@ Integers are big-endian. Every body starts with the same 12-byte header::
 A reply echoes the request's ``request_id``; 0 means the request could not be
 read far enough to know it (too short, or another protocol version).
 
+The fast port (plain TCP, beside the ROUTER)
+--------------------------------------------
+
+The same request and reply bodies on a plain TCP connection, each preceded by
+its length (u32, big-endian); no delimiter frame. A request body longer than
+``MAX_REQUEST_BYTES`` (or empty) ends the connection after one ERROR reply with
+request_id 0, since nothing after it can be framed. See :class:`Stream`.
+
 Broker <-> worker (internal; both ends ship together)
 ------------------------------------------------------
 
@@ -154,6 +162,57 @@ def endpoint_problem(endpoint: object, *, bind: bool = False) -> str | None:
         if host == "*" and not bind:
             return f"{endpoint!r}: connect to a host, not *"
     return None
+
+
+# -- the fast port's framing ------------------------------------------------------
+
+_LENGTH = struct.Struct("!I")
+#: The longest reply body a client reads from the fast port (a STATUS of a large node is tens of KB).
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+
+
+def encode_stream(body: bytes) -> bytes:
+    """One body as the fast port carries it: its length, then itself."""
+    return _LENGTH.pack(len(body)) + body
+
+
+class Stream:
+    """The bodies in a byte stream of length-prefixed frames (the fast port's), sans I/O.
+
+    ``feed(data)`` takes what a read returned and gives back the bodies it completed,
+    in order; a partial frame waits for the next read. A length above ``max_bytes``
+    (or 0) raises :class:`FrameTooLarge` or :class:`BadRequest`: the stream cannot be
+    read further, and its connection is to be closed."""
+
+    __slots__ = ("_buf", "max_bytes")
+
+    def __init__(self, max_bytes: int) -> None:
+        self._buf = b""
+        self.max_bytes = max_bytes
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf + data if self._buf else data
+        out = []
+        at, end = 0, len(buf)
+        while end - at >= 4:
+            (n,) = _LENGTH.unpack_from(buf, at)
+            if n > self.max_bytes:
+                self._buf = b""
+                raise FrameTooLarge(f"a frame of {n} bytes on the fast port (at most {self.max_bytes})")
+            if n == 0:
+                self._buf = b""
+                raise BadRequest("an empty frame on the fast port")
+            if end - at - 4 < n:
+                break
+            out.append(buf[at + 4 : at + 4 + n])
+            at += 4 + n
+        self._buf = buf[at:] if at < end else b""
+        return out
+
+    @property
+    def partial(self) -> bool:
+        """Whether part of a frame is waiting for more bytes."""
+        return bool(self._buf)
 
 
 # -- client side ------------------------------------------------------------------

@@ -163,7 +163,8 @@ def run_fault(nodes, etcd, fault: str) -> None:
     proxy = Proxy("127.0.0.1", 0) if fault == "cut" else None
     try:
         # Cut off: A advertises the proxy's address, and clients are given it as their seed.
-        a_args = ("--advertise", f"tcp://127.0.0.1:{proxy.port}") if proxy else ()
+        # The proxy carries only the ZeroMQ port: A has no fast port, which would bypass it.
+        a_args = ("--advertise", f"tcp://127.0.0.1:{proxy.port}", "--fast-bind", "off") if proxy else ()
         made = start_fleet(nodes, etcd, a_args)
         a = made["a"]
         if proxy:

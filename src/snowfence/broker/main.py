@@ -45,6 +45,8 @@ log = logging.getLogger("snowfence.broker")
 
 LOOP_TICK_MS = 50
 HOUSEKEEPING_NS = 10_000_000
+#: How often STATUS and the metrics get a new state of the broker's own worker ID.
+INLINE_SNAPSHOT_NS = 100_000_000
 PEER_INTERVAL_S = 1.0
 
 
@@ -75,6 +77,7 @@ class Node:
         #: This node's entry in the cluster's membership: what does not change while it runs.
         self.entry: dict = {}
         self._next_membership_ns = 0
+        self._next_inline_ns = 0
         self.notifier: Notifier | None = None
         #: The broker's own worker ID, for small requests (``broker_mint_max_ids``).
         self.inline: InlineMinter | None = None
@@ -216,13 +219,30 @@ class Node:
         if peers is not None:
             for sock in peers.sockets:
                 poller.register(sock, zmq.POLLIN)
+        fast = router.fast
+        fast_fds: dict = {}
+        if fast is not None:
+            fast_fds = fast.by_fd
+
+            def watch(fd: int, writable: bool) -> None:
+                poller.register(fd, zmq.POLLIN | zmq.POLLOUT if writable else zmq.POLLIN)
+
+            fast.watch, fast.unwatch = watch, poller.unregister
+            poller.register(fast.listen_fd, zmq.POLLIN)
+        listen_fd = fast.listen_fd if fast is not None else None
+        pollout = int(zmq.POLLOUT)  # an int: the enum's & costs microseconds
         next_housekeeping_ns = 0
         while True:
-            for sock, _ in poller.poll(LOOP_TICK_MS):
+            for sock, ready in poller.poll(LOOP_TICK_MS):
                 if sock is backend:
                     router.on_backend()
                 elif sock is frontend:
                     router.on_frontend()
+                elif sock in fast_fds or sock == listen_fd:
+                    if ready & pollout:
+                        fast.on_writable(sock)
+                    if ready & ~pollout:
+                        fast.on_readable(sock)
                 elif peers is not None and sock in peers.sockets:
                     peers.on_readable(sock)
                 elif sock is wake or sock == wake_fd:
@@ -240,9 +260,11 @@ class Node:
                 continue
             next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
             self.loop_ns = now_ns
-            if self.inline is not None:
+            if self.inline is not None and now_ns >= self._next_inline_ns:
+                # Every INLINE_SNAPSHOT_NS, not every turn: describing it costs the loop ~0.1 ms.
                 state = self.inline.snapshot(now_ns)
                 if state is not None:
+                    self._next_inline_ns = now_ns + INLINE_SNAPSHOT_NS
                     self.metrics.observe(b"inline", state)
             if not sup.tick(now_ns, routing.heard):
                 return
@@ -295,6 +317,7 @@ class Node:
         )
         return {
             **self.entry,
+            "fast_port": self.router.fast.port if self.router.fast is not None else None,
             "worker_ids": worker_ids,
             "in_rotation": bool(routing.rotation) and routing.veto is None,
             "clock_offsets_ms": {
@@ -305,9 +328,11 @@ class Node:
     def nodes(self) -> dict:
         """The answer to NODES: the cluster's live nodes as this node last read them."""
         own = self.own_entry()
+        # The answering node's own fast port: a client reaches it at the host it reached this node on.
+        fast = self.router.fast.port if self.router.fast is not None else None
         if self.membership is None:
-            return {"cluster": None, "nodes": [own]}
-        return {"cluster": self.config.cluster, "nodes": self.membership.view(own)}
+            return {"cluster": None, "nodes": [own], "fast_port": fast}
+        return {"cluster": self.config.cluster, "nodes": self.membership.view(own), "fast_port": fast}
 
     def follow_membership(self, poller: zmq.Poller) -> None:
         """Publish our entry; measure clocks against every other registered node."""
@@ -340,6 +365,7 @@ class Node:
             "cluster": None if config.embedded else config.cluster,
             **self.supervisor.describe(),
             "mints_up_to": config.broker_mint_max_ids if self.inline is not None else 0,
+            "fast_port": self.router.fast.describe() if self.router and self.router.fast else None,
             "own_worker_id": self.inline.describe() if self.inline is not None else None,
         }
 

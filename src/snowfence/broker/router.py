@@ -19,6 +19,8 @@ from .. import protocol
 from ..config import Config
 from ..errors import BadRequest, ConfigError
 from .auth import CurveServer
+from .fast import ADDR_SIZE as _FAST_ADDR_SIZE
+from .fast import FastPort, fast_address
 from .metrics import Metrics
 from .routing import Routing
 
@@ -44,6 +46,10 @@ _GONE = (zmq.EHOSTUNREACH, zmq.EAGAIN)
 _plain_reserve = protocol.plain_reserve
 
 
+def _no_fast_port(addr: bytes, reply: bytes) -> None:
+    """A reply for a fast connection on a node without a fast port: none can exist."""
+
+
 class Router:
     """The frontend and backend ROUTER sockets around a :class:`Routing` core (``core``)."""
 
@@ -58,6 +64,8 @@ class Router:
         curve: CurveServer | None = None,
     ) -> None:
         self.config = config
+        self.fast = None
+        self._fast_send = _no_fast_port
         self.frontend = ctx.socket(zmq.ROUTER)
         self.backend = ctx.socket(zmq.ROUTER)
         #: The socket file of an ipc:// frontend: libzmq leaves it behind, close() removes it.
@@ -76,6 +84,24 @@ class Router:
             live_pids=live_pids,
             metrics=metrics,
         )
+        #: The fast port (plain TCP beside the frontend), if this node has one.
+        self.fast: FastPort | None = None
+        where = fast_address(config.fast_bind, self.endpoint(), bool(config.curve_secret_key))
+        if where is not None:
+            core = self.core
+            try:
+                self.fast = FastPort(
+                    *where,
+                    admit=core.admit,
+                    other=core.slow_request,
+                    bad_request=core.bad_request,
+                    counters=core.counters,
+                    waited_zero=self._waited_zero,
+                )
+            except BaseException:
+                self.close()
+                raise
+            self._fast_send = self.fast.send
 
     def _setup_sockets(self, config: Config, backend_endpoint: str, curve: CurveServer | None) -> None:
         if curve is not None:
@@ -142,7 +168,13 @@ class Router:
         if at_once:
             core.queued_ns[0].counts[0] += at_once
 
+    def _waited_zero(self, n: int) -> None:
+        self.core.queued_ns[0].counts[0] += n
+
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
+        if len(addr) == _FAST_ADDR_SIZE and addr[0] == 0:  # fast.is_fast_addr, inline
+            self._fast_send(addr, reply)
+            return
         front = self.frontend
         _send(front, addr, _SNDMORE)
         if meta & _META_DELIMITED:
@@ -181,6 +213,8 @@ class Router:
         return True
 
     def close(self) -> None:
+        if self.fast is not None:
+            self.fast.close()
         self.frontend.close()
         self.backend.close()
         if self._ipc_path is not None:

@@ -19,7 +19,87 @@ import zmq.asyncio
 
 from .. import protocol
 from ..errors import SnowfenceError
-from .core import Block, ClientBase, Pending, Prefetch, PrefetchDepth, ReserveJob, ReserveRound, StatusRound
+from .core import (
+    FAST_CONNECT_TIMEOUT_S,
+    Block,
+    ClientBase,
+    Pending,
+    Prefetch,
+    PrefetchDepth,
+    ReserveJob,
+    ReserveRound,
+    StatusRound,
+)
+
+
+class _FastProtocol(asyncio.Protocol):
+    """A connection to a node's fast port: each body that arrives goes to its waiter."""
+
+    def __init__(self, client: AsyncClient, where: tuple[str, int]) -> None:
+        self.client = client
+        self.where = where
+        self.transport: asyncio.Transport | None = None
+        self.frames = protocol.Stream(protocol.MAX_REPLY_BYTES)
+        #: Requests sent on this connection, by request id: they go with it.
+        self.waiters: dict[int, asyncio.Future] = {}
+        self.lost = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            bodies = self.frames.feed(data)
+        except SnowfenceError:
+            self.transport.close()  # garbled: nothing after it can be read
+            return
+        match, waiters = self.client._core.match, self.waiters
+        for body in bodies:
+            matched = match(body)
+            if matched is None:
+                continue
+            future = waiters.pop(matched[0].request_id, None)
+            if future is not None and not future.done():
+                future.set_result(matched)
+
+    def connection_lost(self, exc) -> None:
+        self.lost = True
+        self.client._fast_lost(self)
+
+    def close(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+        self.release()
+
+    def release(self) -> None:
+        """Tell each request still waiting on this connection that it is gone."""
+        for future in self.waiters.values():
+            if not future.done():
+                future.set_result(_LOST)
+        self.waiters.clear()
+
+
+#: A waiter's result when its request went on a fast connection that closed under it.
+_LOST = ("lost", None)
+
+
+_stream = protocol.encode_stream
+
+
+async def _within(loop: asyncio.AbstractEventLoop, future: asyncio.Future, timeout_s: float) -> None:
+    """Until ``future`` is done or ``timeout_s`` has passed, whichever comes first; the
+    future is left as it is (not cancelled)."""
+    if future.done():
+        return
+    waiter = loop.create_future()
+    wake = waiter.set_result
+    timer = loop.call_later(timeout_s, lambda: waiter.done() or wake(None))
+    future.add_done_callback(lambda _: waiter.done() or wake(None))
+    try:
+        await waiter
+    finally:
+        timer.cancel()
 
 
 def run(main: Awaitable):
@@ -46,6 +126,9 @@ class AsyncClient(ClientBase):
         self._reader: asyncio.Task | None = None
         self._waiters: dict[int, asyncio.Future] = {}
         self._closed = False
+        #: The connection to the current node's fast port, and the one being opened.
+        self._fast: _FastProtocol | None = None
+        self._fast_opening: asyncio.Future | None = None
 
     # -- transport ----------------------------------------------------------------------
 
@@ -71,8 +154,54 @@ class AsyncClient(ClientBase):
         except (asyncio.CancelledError, zmq.ZMQError):
             pass
 
+    async def _fast_connection(self, n: int, chunk: int) -> _FastProtocol | None:
+        """The fast connection for a reservation of ``n``, opened if need be; None for ZeroMQ
+        (see :meth:`ClientBase._fast_route`). Tasks that ask while it opens wait for it."""
+        now_ns = time.monotonic_ns()
+        route = self._fast_route(n, chunk, now_ns)
+        if route is None:
+            return None
+        fast = self._fast
+        if fast is not None and fast.where == route and not fast.lost:
+            return fast
+        if self._fast_opening is not None:
+            return await asyncio.shield(self._fast_opening)
+        loop = asyncio.get_running_loop()
+        self._fast_opening = opening = loop.create_future()
+        try:
+            self._close_fast()
+            try:
+                _, proto = await asyncio.wait_for(
+                    loop.create_connection(lambda: _FastProtocol(self, route), *route),
+                    min(self.timeout_s, FAST_CONNECT_TIMEOUT_S),
+                )
+            except (OSError, TimeoutError):
+                self._fast_failed(time.monotonic_ns())
+                proto = None
+            self._fast = proto
+            opening.set_result(proto)
+            return proto
+        finally:
+            if not opening.done():
+                opening.set_result(None)
+            self._fast_opening = None
+
+    def _fast_lost(self, proto: _FastProtocol) -> None:
+        """A fast connection closed (the broker closed it, or it was reset): its requests
+        are asked again on ZeroMQ, which the client uses for ``FAST_RETRY_S``."""
+        proto.release()
+        if self._fast is proto:
+            self._fast = None
+            self._fast_failed(time.monotonic_ns())
+
+    def _close_fast(self) -> None:
+        if self._fast is not None:
+            fast, self._fast = self._fast, None
+            fast.close()
+
     def _reset(self, rotate: bool = True) -> None:
         """Close the socket with everything still on it; the waiters learn it is gone."""
+        self._close_fast()
         for future in self._waiters.values():
             if not future.done():
                 future.set_result(None)
@@ -85,8 +214,12 @@ class AsyncClient(ClientBase):
             self._sock = None
         super()._reset(rotate)
 
-    async def _ask(self, pending: Pending, frame: bytes) -> asyncio.Future:
+    async def _ask(self, pending: Pending, frame: bytes, fast: _FastProtocol | None = None) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
+        if fast is not None and not fast.lost:
+            fast.waiters[pending.request_id] = future
+            fast.transport.write(_stream(frame))
+            return future
         self._waiters[pending.request_id] = future
         await self._socket().send(frame)
         return future
@@ -102,21 +235,30 @@ class AsyncClient(ClientBase):
         round_ = ReserveRound(self, job, time.monotonic_ns())
         await self._discover()
         waiting: dict[asyncio.Future, Pending] = {}
+        loop = asyncio.get_running_loop()
         try:
             while not round_.done:
+                fast = await self._fast_connection(n, chunk) if self._fast_ports else None
                 now = time.monotonic_ns()
                 for pending, frame in round_.requests(now):
-                    waiting[await self._ask(pending, frame)] = pending
-                done, _ = await asyncio.wait(
-                    waiting,
-                    timeout=max(0.0, (round_.deadline_ns(now) - time.monotonic_ns()) / 1e9),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+                    waiting[await self._ask(pending, frame, fast)] = pending
+                timeout_s = max(0.0, (round_.deadline_ns(now) - time.monotonic_ns()) / 1e9)
+                if len(waiting) == 1:
+                    # One request (every small reservation): wait on its future alone, which
+                    # costs a fraction of what asyncio.wait does.
+                    (future,) = waiting
+                    await _within(loop, future, timeout_s)
+                    done = (future,) if future.done() else ()
+                else:
+                    done, _ = await asyncio.wait(waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
                     pending = waiting.pop(future)
                     matched = future.result()
                     if matched is None:  # the socket was reset under it
                         round_.on_dropped(pending)
+                    elif matched is _LOST:  # its fast connection closed: asked again
+                        round_.on_dropped(pending)
+                        self._core.abandon((pending,))
                     else:
                         round_.on_reply(*matched)
                 reset, sleep_s = round_.settle(time.monotonic_ns())
@@ -132,8 +274,10 @@ class AsyncClient(ClientBase):
         return job.result()
 
     def _forget_waiters(self, waiting: dict[asyncio.Future, Pending]) -> None:
+        fast = self._fast.waiters if self._fast is not None else {}
         for pending in waiting.values():
             self._waiters.pop(pending.request_id, None)
+            fast.pop(pending.request_id, None)
         waiting.clear()
 
     async def status(self) -> dict:

@@ -10,8 +10,11 @@ Retriable errors are retried with back-off; anything else is raised at once.
 from __future__ import annotations
 
 import itertools
+import socket
+import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 
 import zmq
@@ -19,7 +22,17 @@ import zmq.backend
 
 from .. import protocol
 from ..errors import SnowfenceError
-from .core import Block, ClientBase, Pending, Prefetch, PrefetchDepth, ReserveJob, ReserveRound, StatusRound
+from .core import (
+    FAST_CONNECT_TIMEOUT_S,
+    Block,
+    ClientBase,
+    Pending,
+    Prefetch,
+    PrefetchDepth,
+    ReserveJob,
+    ReserveRound,
+    StatusRound,
+)
 
 # The wait for a reply is a blocking recv with a receive timeout (the GIL released),
 # not Socket.poll, which builds a Poller for every call; and pyzmq's Cython methods
@@ -30,6 +43,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _RCVTIMEO = int(zmq.RCVTIMEO)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_stream = protocol.encode_stream
 
 
 def _recv_within(sock: zmq.Socket, timeout_ms: int, timeouts: dict) -> bytes | None:
@@ -46,6 +60,84 @@ def _recv_within(sock: zmq.Socket, timeout_ms: int, timeouts: dict) -> bytes | N
 def _pending(sock: zmq.Socket) -> bool:
     """Whether another message is waiting on ``sock`` (without an exception for no)."""
     return bool(sock.getsockopt(_EVENTS) & _POLLIN)
+
+
+class FastConnection:
+    """A blocking TCP connection to a node's fast port: length-prefixed bodies both ways.
+
+    The socket blocks in the kernel, bounded by SO_RCVTIMEO and SO_SNDTIMEO, rather than
+    by Python's socket timeout, which polls before every send and receive: one system
+    call per direction instead of two, on every round trip. An ``OSError`` from any
+    method means the connection is gone (refused, reset, or closed by the broker)."""
+
+    def __init__(self, host: str, port: int, connect_timeout_s: float, timeout_s: float) -> None:
+        self.where = (host, port)
+        self.sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+        try:
+            self.sock.settimeout(None)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(int(timeout_s * 1000)))
+        except OSError:
+            self.sock.close()
+            raise
+        self._frames = protocol.Stream(protocol.MAX_REPLY_BYTES)
+        self._ready: deque[bytes] = deque()
+        #: The receive timeout set now (ms; -1: none yet).
+        self._rcvtimeo_ms = -1
+
+    def send(self, body: bytes) -> None:
+        self.sock.sendall(_stream(body))
+
+    def recv_within(self, timeout_ms: int) -> bytes | None:
+        """The next body within ``timeout_ms``, or None."""
+        ready = self._ready
+        if ready:
+            return ready.popleft()
+        deadline_ns = time.monotonic_ns() + timeout_ms * 1_000_000
+        while True:
+            left_ms = -(-(deadline_ns - time.monotonic_ns()) // 1_000_000)
+            if left_ms <= 0:
+                return None
+            # Set again only when it is off by more than a few ms (it may end a wait early,
+            # never late; an early end goes round this loop again).
+            if not left_ms - _RCVTIMEO_SLACK_MS <= self._rcvtimeo_ms <= left_ms:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(left_ms))
+                self._rcvtimeo_ms = left_ms
+            try:
+                self._take(self.sock.recv(65536))
+            except BlockingIOError:  # SO_RCVTIMEO ran out
+                continue
+            if ready:
+                return ready.popleft()
+
+    def recv_ready(self) -> bytes | None:
+        """A body that has already arrived, or None (never waits)."""
+        if not self._ready:
+            try:
+                self._take(self.sock.recv(65536, socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                return None
+        return self._ready.popleft() if self._ready else None
+
+    def _take(self, data: bytes) -> None:
+        if not data:
+            raise ConnectionResetError("the broker closed the fast connection")
+        try:
+            self._ready.extend(self._frames.feed(data))
+        except SnowfenceError as exc:
+            raise ConnectionResetError(f"a garbled frame on the fast port: {exc}") from None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+#: How far the fast connection's receive timeout may be below the wait it bounds.
+_RCVTIMEO_SLACK_MS = 5
+
+
+def _timeval(ms: int) -> bytes:
+    """A ``struct timeval`` of ``ms`` milliseconds, for SO_RCVTIMEO and SO_SNDTIMEO."""
+    return struct.pack("@ll", ms // 1000, (ms % 1000) * 1000)
 
 
 class Client(ClientBase):
@@ -72,6 +164,8 @@ class Client(ClientBase):
             self._ctx = zmq.Context.instance()
         self._lock = threading.RLock()
         self._sock: zmq.Socket | None = None
+        #: The connection to the current node's fast port, while there is one.
+        self._fast: FastConnection | None = None
         self._prefetchers: list[Prefetcher] = []
         #: The receive timeout each socket has now (set only when it changes).
         self._rcvtimeo: dict = {}
@@ -87,7 +181,7 @@ class Client(ClientBase):
         with self._lock:
             started_ns = time.monotonic_ns()
             self._discover()
-            self._run(ReserveRound(self, job, started_ns))
+            self._run(ReserveRound(self, job, started_ns), chunk)
         return job.result()
 
     def ids(self, batch: int = protocol.MAX_BLOCK, prefetch: int = 64, max_age_s: float | None = 1.0) -> Iterator[int]:
@@ -134,6 +228,7 @@ class Client(ClientBase):
             fetcher.close()
         self._prefetchers = []
         with self._lock:
+            self._close_fast()
             if self._sock is not None:
                 self._sock.close(linger=0)
                 self._sock = None
@@ -161,8 +256,32 @@ class Client(ClientBase):
         self._socket().send(frame)
         self._discovered(self._await(pending))  # a timeout resets and moves on, as for any request
 
+    def _fast_connection(self, n: int, chunk: int) -> FastConnection | None:
+        """The connection to use for a reservation of ``n`` on the fast port, opened if
+        need be; None for ZeroMQ (see :meth:`ClientBase._fast_route`)."""
+        now_ns = time.monotonic_ns()
+        route = self._fast_route(n, chunk, now_ns)
+        if route is None:
+            return None
+        fast = self._fast
+        if fast is not None and fast.where == route:
+            return fast
+        self._close_fast()
+        try:
+            self._fast = FastConnection(*route, min(self.timeout_s, FAST_CONNECT_TIMEOUT_S), self.timeout_s)
+        except OSError:
+            self._fast_failed(now_ns)
+            return None
+        return self._fast
+
+    def _close_fast(self) -> None:
+        if self._fast is not None:
+            self._fast.close()
+            self._fast = None
+
     def _reset(self, rotate: bool) -> None:
         """Drop the socket (and any reply still on its way) and reconnect."""
+        self._close_fast()
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
@@ -181,23 +300,34 @@ class Client(ClientBase):
             if matched is not None and matched[0] is pending:
                 return matched[1]
 
-    def _run(self, round_: ReserveRound) -> None:
+    def _run(self, round_: ReserveRound, chunk: int = protocol.MAX_BLOCK) -> None:
         core, job = self._core, round_.job
         try:
             while not round_.done:
-                sock = self._socket()
-                now = time.monotonic_ns()
-                for _, frame in round_.requests(now):
-                    _send(sock, frame)
-                wait_ms = max(0, (round_.deadline_ns(now) - now) // 1_000_000)
-                body = _recv_within(sock, wait_ms, self._rcvtimeo) if wait_ms else None
-                if body is None and not wait_ms and _pending(sock):
-                    body = _recv(sock, _NOBLOCK)
-                while body is not None:
-                    matched = core.match(body)
-                    if matched is not None and matched[0].job is job:
-                        round_.on_reply(*matched)
-                    body = _recv(sock, _NOBLOCK) if _pending(sock) else None
+                fast = self._fast_connection(job.n, chunk) if self._fast_ports else None
+                if fast is not None:
+                    try:
+                        self._turn_fast(round_, fast)
+                    except OSError:
+                        # Closed or reset under the round: ask again on ZeroMQ, at once.
+                        round_.connection_lost()
+                        self._close_fast()
+                        self._fast_failed(time.monotonic_ns())
+                        continue
+                else:
+                    sock = self._socket()
+                    now = time.monotonic_ns()
+                    for _, frame in round_.requests(now):
+                        _send(sock, frame)
+                    wait_ms = max(0, (round_.deadline_ns(now) - now) // 1_000_000)
+                    body = _recv_within(sock, wait_ms, self._rcvtimeo) if wait_ms else None
+                    if body is None and not wait_ms and _pending(sock):
+                        body = _recv(sock, _NOBLOCK)
+                    while body is not None:
+                        matched = core.match(body)
+                        if matched is not None and matched[0].job is job:
+                            round_.on_reply(*matched)
+                        body = _recv(sock, _NOBLOCK) if _pending(sock) else None
                 reset, sleep_s = round_.settle(time.monotonic_ns())
                 if reset:
                     self._reset(rotate=True)
@@ -206,6 +336,20 @@ class Client(ClientBase):
         except BaseException:
             round_.abandon()
             raise
+
+    def _turn_fast(self, round_: ReserveRound, fast: FastConnection) -> None:
+        """One turn of :meth:`_run` on the fast port: send what is due, take what came back."""
+        core, job = self._core, round_.job
+        now = time.monotonic_ns()
+        for _, frame in round_.requests(now):
+            fast.send(frame)
+        wait_ms = max(0, (round_.deadline_ns(now) - now) // 1_000_000)
+        body = fast.recv_within(wait_ms) if wait_ms else fast.recv_ready()
+        while body is not None:
+            matched = core.match(body)
+            if matched is not None and matched[0].job is job:
+                round_.on_reply(*matched)
+            body = fast.recv_ready() if round_.waiting else None
 
 
 class Prefetcher:

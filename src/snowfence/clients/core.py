@@ -36,6 +36,10 @@ BACKOFF_MAX_S = 1.0
 DISCOVER_EVERY_S = 5.0
 #: The longest a NODES request may take before the client carries on without the answer.
 DISCOVER_TIMEOUT_S = 1.0
+#: The longest a client waits to connect to a node's fast port before it uses ZeroMQ instead.
+FAST_CONNECT_TIMEOUT_S = 1.0
+#: How long a client leaves a fast port alone after it failed (refused, closed, timed out).
+FAST_RETRY_S = 30.0
 
 
 class Block:
@@ -284,6 +288,11 @@ class Directory:
         return self._rng.choice(fine) if fine else min(candidates, key=self.failures.__getitem__)
 
 
+def _port_or_none(port: object) -> int | None:
+    """A TCP port from a NODES answer (input: anything else is no port)."""
+    return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port <= 65535 else None
+
+
 class ClientBase:
     """What both clients keep that no socket touches: endpoints and whose turn it
     is, timeout and retry settings, the request-id core, and CURVE keys; and the
@@ -350,6 +359,12 @@ class ClientBase:
             self.curve = None
         #: The ZeroMQ context the transport opens its sockets on (None: its default).
         self._ctx = context
+        #: The fast ports of the nodes the last NODES answer listed, by endpoint (None: it
+        #: has none), the endpoint last asked, and until when the fast port is left alone
+        #: after a failure (see :meth:`_fast_route`).
+        self._fast_ports: dict[str, int | None] = {}
+        self._fast_asked: str | None = None
+        self._fast_off_until_ns = 0
         self._init_transport()
 
     def _init_transport(self) -> None:
@@ -392,9 +407,14 @@ class ClientBase:
             target, self._move_later = self._move_later, None
             if target in self.endpoints and target != self.endpoint:
                 self._switch_to(target)
-        if not self.directory.due(now_ns) or not self._core.heard:
+        if not self._core.heard:
             return None
-        self.directory.asked(now_ns)
+        due = self.directory.due(now_ns)
+        if not due and not self._fast_unknown():
+            return None
+        if due:
+            self.directory.asked(now_ns)
+        self._fast_asked = self.endpoint
         return self._core.nodes(now_ns + self._discover_timeout_ns)
 
     def _discovered(self, reply: protocol.Reply | None) -> str | None:
@@ -408,6 +428,9 @@ class ClientBase:
         if reply is None or reply.nodes is None:
             return None
         self.directory.answered()
+        self._learn_fast(reply.nodes)
+        if not self.directory.discover:
+            return None
         target = self.directory.learn(reply.nodes)
         if target is None:
             return None
@@ -416,6 +439,54 @@ class ClientBase:
             return None
         self._switch_to(target)
         return target
+
+    # -- the fast port -------------------------------------------------------------------
+
+    def _fast_unknown(self) -> bool:
+        """Whether the current node may have a fast port this client has not asked about."""
+        endpoint = self.endpoint
+        return (
+            self.curve is None
+            and endpoint not in self._fast_ports
+            and self._fast_asked != endpoint
+            and endpoint.startswith("tcp://")
+        )
+
+    def _learn_fast(self, answer: dict) -> None:
+        """Take the fast ports from a NODES answer: each listed node's, and the answering
+        node's own (``fast_port`` at the top: the port of the node as this client reached it)."""
+        ports: dict[str, int | None] = {}
+        for n in answer.get("nodes") or ():
+            eps = n.get("endpoints") if isinstance(n, dict) else None
+            if isinstance(eps, list) and eps and isinstance(eps[0], str):
+                ports[eps[0]] = _port_or_none(n.get("fast_port"))
+        ports[self.endpoint] = _port_or_none(answer.get("fast_port"))
+        self._fast_ports = ports
+
+    def _fast_route(self, n: int, chunk: int, now_ns: int) -> tuple[str, int] | None:
+        """Where to send a reservation of ``n`` IDs (in requests of at most ``chunk``) on the
+        fast port, or None to use ZeroMQ: only a reservation that fits one request, only to
+        the node the port was learned from, never with CURVE (the port has none), and not
+        while the port is left alone after a failure."""
+        port = self._fast_ports.get(self.endpoint)
+        if (
+            port is None
+            or n > chunk
+            or n > protocol.MAX_BLOCK
+            or now_ns < self._fast_off_until_ns
+            or self.curve is not None
+        ):
+            return None
+        host = self.endpoint[len("tcp://") :].rpartition(":")[0]
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        return host, port
+
+    def _fast_failed(self, now_ns: int) -> None:
+        """The fast port failed (refused, closed the connection, or timed out): ZeroMQ for
+        ``FAST_RETRY_S``, and then the port as the node next describes it."""
+        self._fast_off_until_ns = now_ns + int(FAST_RETRY_S * 1e9)
+        self._fast_asked = None
 
     def _switch_to(self, endpoint: str) -> None:
         """Close the connection (nothing failed) and use ``endpoint`` from the next one on."""
@@ -685,6 +756,11 @@ class ReserveRound:
             self._requeue_all()
             return True, backoff
         return False, backoff
+
+    def connection_lost(self) -> None:
+        """The connection the round's requests went on closed (the fast port's): nothing
+        on it will be answered; ask again for all of it, on whatever the client uses next."""
+        self._requeue_all()
 
     def _requeue_all(self) -> None:
         self.client._core.abandon(list(self.waiting.values()))
