@@ -105,7 +105,10 @@ class FastPort:
         self.by_fd: dict[int, _Conn] = {}
         self.by_addr: dict[bytes, _Conn] = {}
         self._next = itertools.count(1)
-        self.stats = {"accepted": 0, "closed": 0, "refused": 0, "bad_frames": 0, "dropped_slow": 0}
+        #: Connections accepted and closed (either end); requests read; connections the
+        #: broker closed because of a bad frame, a client not reading its replies, or
+        #: one connection too many.
+        self.stats = {"accepted": 0, "closed": 0, "requests": 0, "bad_frame": 0, "not_reading": 0, "too_many": 0}
 
     def describe(self) -> dict:
         return {"port": self.port, "host": self.host, "connections": len(self.by_fd), **self.stats}
@@ -132,11 +135,12 @@ class FastPort:
         try:
             bodies = conn.frames.feed(data)
         except BadRequest as err:
-            self.stats["bad_frames"] += 1
+            self.stats["bad_frame"] += 1
             self._bad_request(0, conn.addr, err)
             self._close(conn, flush=True)
             return
         addr, admit, counters = conn.addr, self._admit, self._counters
+        self.stats["requests"] += len(bodies)
         at_once = 0
         for body in bodies:
             counters["requests"] += 1
@@ -164,7 +168,7 @@ class FastPort:
                     raise
                 return
             if len(self.by_fd) >= MAX_CONNECTIONS:
-                self.stats["refused"] += 1
+                self.stats["too_many"] += 1
                 sock.close()
                 continue
             sock.setblocking(False)
@@ -187,7 +191,7 @@ class FastPort:
         if conn.unsent:
             conn.unsent += frame
             if len(conn.unsent) > MAX_UNSENT_BYTES:
-                self.stats["dropped_slow"] += 1
+                self.stats["not_reading"] += 1
                 self._close(conn)
             return
         try:

@@ -132,6 +132,7 @@ class Node:
             except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
                 raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
             self.curve.watch(self.router.frontend)
+            self.metrics.fast = self.router.fast
             if self.config.metrics_bind:
                 try:
                     self.health = HealthServer(self.config.metrics_bind, self.metrics)

@@ -62,6 +62,8 @@ class Metrics:
         self.snapshot_ns = time.monotonic_ns()
         self._next_ns = 0
         self.peers = None
+        #: The fast port (:class:`snowfence.broker.fast.FastPort`), when the node has one.
+        self.fast = None
         #: CURVE denials, counted from the ZAP and monitor threads.
         self.curve_denials = Denials()
 
@@ -261,6 +263,18 @@ class Metrics:
                 g = GaugeMetricFamily(name, doc)
                 g.add_metric([], value)
                 fams.append(g)
+        if self.fast is not None:
+            stats = self.fast.stats
+            counter("snowfence_fast_port_requests", "Requests that came on the fast port (TCP).", stats["requests"])
+            conns = GaugeMetricFamily("snowfence_fast_port_connections", "Connections open on the fast port.")
+            conns.add_metric([], len(self.fast.by_fd))
+            fams.append(conns)
+            closed = CounterMetricFamily(
+                "snowfence_fast_port_closed", "Fast-port connections the broker closed, by why.", labels=["why"]
+            )
+            for why in ("bad_frame", "not_reading", "too_many"):
+                closed.add_metric([why], stats[why])
+            fams.append(closed)
         if self.peers is not None:
             off = GaugeMetricFamily(
                 "snowfence_peer_clock_offset_seconds",

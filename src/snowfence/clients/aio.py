@@ -38,6 +38,8 @@ class _FastProtocol(asyncio.Protocol):
     def __init__(self, client: AsyncClient, where: tuple[str, int]) -> None:
         self.client = client
         self.where = where
+        #: The ZeroMQ endpoint of the node whose fast port this is.
+        self.endpoint = client.endpoint
         self.transport: asyncio.Transport | None = None
         self.frames = protocol.Stream(protocol.MAX_REPLY_BYTES)
         #: Requests sent on this connection, by request id: they go with it.
@@ -82,24 +84,16 @@ class _FastProtocol(asyncio.Protocol):
 
 #: A waiter's result when its request went on a fast connection that closed under it.
 _LOST = ("lost", None)
+#: A waiter's result when its deadline came first (see ``_reserve``).
+_EXPIRED = ("expired", None)
 
 
 _stream = protocol.encode_stream
 
 
-async def _within(loop: asyncio.AbstractEventLoop, future: asyncio.Future, timeout_s: float) -> None:
-    """Until ``future`` is done or ``timeout_s`` has passed, whichever comes first; the
-    future is left as it is (not cancelled)."""
-    if future.done():
-        return
-    waiter = loop.create_future()
-    wake = waiter.set_result
-    timer = loop.call_later(timeout_s, lambda: waiter.done() or wake(None))
-    future.add_done_callback(lambda _: waiter.done() or wake(None))
-    try:
-        await waiter
-    finally:
-        timer.cancel()
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(_EXPIRED)
 
 
 def run(main: Awaitable):
@@ -162,7 +156,7 @@ class AsyncClient(ClientBase):
         if route is None:
             return None
         fast = self._fast
-        if fast is not None and fast.where == route and not fast.lost:
+        if fast is not None and fast.where == route and fast.endpoint == self.endpoint and not fast.lost:
             return fast
         if self._fast_opening is not None:
             return await asyncio.shield(self._fast_opening)
@@ -214,12 +208,8 @@ class AsyncClient(ClientBase):
             self._sock = None
         super()._reset(rotate)
 
-    async def _ask(self, pending: Pending, frame: bytes, fast: _FastProtocol | None = None) -> asyncio.Future:
+    async def _ask(self, pending: Pending, frame: bytes) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        if fast is not None and not fast.lost:
-            fast.waiters[pending.request_id] = future
-            fast.transport.write(_stream(frame))
-            return future
         self._waiters[pending.request_id] = future
         await self._socket().send(frame)
         return future
@@ -232,25 +222,45 @@ class AsyncClient(ClientBase):
 
     async def _reserve(self, n: int, *, after: int | None = None, chunk: int = protocol.MAX_BLOCK) -> list[Block]:
         job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
-        round_ = ReserveRound(self, job, time.monotonic_ns())
-        await self._discover()
+        started_ns = time.monotonic_ns()
+        round_ = ReserveRound(self, job, started_ns)
+        if self._discovery_wanted(started_ns):  # checked here: a coroutine per call costs
+            await self._discover()
         waiting: dict[asyncio.Future, Pending] = {}
         loop = asyncio.get_running_loop()
         try:
             while not round_.done:
-                fast = await self._fast_connection(n, chunk) if self._fast_ports else None
+                fast = self._fast
+                if self._fast_ports and (
+                    fast is None or fast.lost or not self._fast_still(fast.endpoint, fast.where[1], n, chunk)
+                ):
+                    fast = await self._fast_connection(n, chunk)
                 now = time.monotonic_ns()
                 for pending, frame in round_.requests(now):
-                    waiting[await self._ask(pending, frame, fast)] = pending
-                timeout_s = max(0.0, (round_.deadline_ns(now) - time.monotonic_ns()) / 1e9)
+                    if fast is not None and not fast.lost:  # _ask, inline: it is every small request
+                        future = loop.create_future()
+                        fast.waiters[pending.request_id] = future
+                        fast.transport.write(_stream(frame))
+                    else:
+                        future = await self._ask(pending, frame)
+                    waiting[future] = pending
+                deadline_ns = round_.deadline_ns(now)
+                timeout_s = max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
                 if len(waiting) == 1:
-                    # One request (every small reservation): wait on its future alone, which
-                    # costs a fraction of what asyncio.wait does.
+                    # One request (every small reservation): await its future itself, with a
+                    # timer that ends it at the deadline. asyncio.wait (or wait_for) would add
+                    # a waiter, and a turn of the loop, to every round trip.
                     (future,) = waiting
-                    await _within(loop, future, timeout_s)
-                    done = (future,) if future.done() else ()
+                    if not future.done():
+                        timer = loop.call_later(timeout_s, _expire, future)
+                        try:
+                            await future
+                        finally:
+                            timer.cancel()
+                    done = (future,)
                 else:
                     done, _ = await asyncio.wait(waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+                expired = False
                 for future in done:
                     pending = waiting.pop(future)
                     matched = future.result()
@@ -259,9 +269,12 @@ class AsyncClient(ClientBase):
                     elif matched is _LOST:  # its fast connection closed: asked again
                         round_.on_dropped(pending)
                         self._core.abandon((pending,))
+                    elif matched is _EXPIRED:  # its deadline came: settle() takes it from here
+                        expired = True
                     else:
                         round_.on_reply(*matched)
-                reset, sleep_s = round_.settle(time.monotonic_ns())
+                now = time.monotonic_ns()
+                reset, sleep_s = round_.settle(max(now, deadline_ns) if expired else now)
                 if reset:
                     self._forget_waiters(waiting)
                     self._reset()

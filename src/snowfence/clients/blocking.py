@@ -72,6 +72,8 @@ class FastConnection:
 
     def __init__(self, host: str, port: int, connect_timeout_s: float, timeout_s: float) -> None:
         self.where = (host, port)
+        #: The ZeroMQ endpoint of the node whose fast port this is (set by the client).
+        self.endpoint = ""
         self.sock = socket.create_connection((host, port), timeout=connect_timeout_s)
         try:
             self.sock.settimeout(None)
@@ -264,11 +266,12 @@ class Client(ClientBase):
         if route is None:
             return None
         fast = self._fast
-        if fast is not None and fast.where == route:
+        if fast is not None and fast.where == route and fast.endpoint == self.endpoint:
             return fast
         self._close_fast()
         try:
             self._fast = FastConnection(*route, min(self.timeout_s, FAST_CONNECT_TIMEOUT_S), self.timeout_s)
+            self._fast.endpoint = self.endpoint
         except OSError:
             self._fast_failed(now_ns)
             return None

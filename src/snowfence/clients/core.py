@@ -417,6 +417,12 @@ class ClientBase:
         self._fast_asked = self.endpoint
         return self._core.nodes(now_ns + self._discover_timeout_ns)
 
+    def _discovery_wanted(self, now_ns: int) -> bool:
+        """Whether :meth:`_discovery` would do anything now (cheap: checked on every call)."""
+        if self._move_later is not None:
+            return True
+        return self._core.heard and (self.directory.due(now_ns) or self._fast_unknown())
+
     def _discovered(self, reply: protocol.Reply | None) -> str | None:
         """Take the reply to :meth:`_discovery`'s request (None when there was none in
         time: the client has reset, as after any timeout), and move where it says.
@@ -469,6 +475,8 @@ class ClientBase:
         the node the port was learned from, never with CURVE (the port has none), and not
         while the port is left alone after a failure."""
         port = self._fast_ports.get(self.endpoint)
+        if self._fast_off_until_ns and now_ns >= self._fast_off_until_ns:
+            self._fast_off_until_ns = 0
         if (
             port is None
             or n > chunk
@@ -481,6 +489,17 @@ class ClientBase:
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
         return host, port
+
+    def _fast_still(self, endpoint: str, port: int, n: int, chunk: int) -> bool:
+        """Whether a reservation of ``n`` goes to the fast connection open now (to ``port``
+        of the node at ``endpoint``): :meth:`_fast_route`, without building the answer."""
+        return (
+            endpoint == self.endpoint
+            and n <= chunk
+            and n <= protocol.MAX_BLOCK
+            and self._fast_ports.get(endpoint) == port
+            and not self._fast_off_until_ns
+        )
 
     def _fast_failed(self, now_ns: int) -> None:
         """The fast port failed (refused, closed the connection, or timed out): ZeroMQ for
