@@ -6,8 +6,8 @@
  *     snowfence_client ENDPOINT --nodes    prints the NODES reply: the cluster's live nodes (JSON)
  *
  * A minimal client of the wire protocol in docs/PROTOCOL.md (version 1), in
- * C99 with libzmq and libc only. It keeps one RESERVE request in flight on a
- * DEALER socket (a throughput-minded client would pipeline several, matching
+ * C99 with libzmq and libc (POSIX sockets) only. It keeps one RESERVE request
+ * in flight (a throughput-minded client would pipeline several, matching
  * replies by request id), and follows the doc's client rules:
  *
  *   - every request gets a fresh, increasing request id, and the reply must
@@ -19,20 +19,34 @@
  *     doubling back-off; any other error ends the program;
  *   - a BLOCK may grant fewer IDs than asked: the client asks again for the rest.
  *
+ * The fast port: for a tcp:// endpoint the client first asks NODES on a DEALER
+ * socket; if the node has a fast port (plain TCP, each body after its length),
+ * it sends its RESERVEs there, on the endpoint's host. If that port cannot be
+ * reached, or its connection closes, garbles a frame or times out, the request
+ * on it is lost and the client uses ZeroMQ for the rest of the run. Set
+ * SNOWFENCE_NO_FAST=1 to use ZeroMQ only.
+ *
  * Exit status: 0 when N IDs were printed; 1 on a server error, a protocol
  * violation or when retries are exhausted (the IDs printed until then are
  * valid and unique, just fewer than N); 2 on a usage error.
  */
 
-#define _POSIX_C_SOURCE 200809L /* nanosleep */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime, getaddrinfo, MSG_NOSIGNAL */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -47,11 +61,14 @@
 #define RESERVE_SIZE 16 /* header, count:u32 */
 #define BLOCK_SIZE 24   /* header, first:u64, count:u32 */
 #define MAX_COUNT 4096  /* the most IDs one RESERVE may ask for */
+#define MAX_REQUEST 255 /* the largest request body */
+#define MAX_REPLY (1 << 20) /* the largest reply body this client reads (NODES of a large cluster: tens of KB) */
 
 /* Client policy. */
 #define RECV_TIMEOUT_MS 2000 /* a request unanswered this long is lost */
 #define MAX_ATTEMPTS 5       /* tries of one request (retriable errors and timeouts) */
 #define BACKOFF_MS 50        /* first back-off; doubled after each failed try */
+#define CONNECT_TIMEOUT_MS 1000 /* to connect to the fast port, before using ZeroMQ instead */
 
 static const char *prog = "snowfence_client";
 
@@ -148,14 +165,18 @@ static void json_string(const char *v, char *out, size_t size)
     out[n] = '\0';
 }
 
-/* -- one request ---------------------------------------------------------------------- */
+/* -- the ZeroMQ socket -------------------------------------------------------------------- */
 
 struct client {
     void *ctx;
     void *sock;
     const char *endpoint;
     uint64_t next_request_id; /* fresh and increasing; 0 is never used (errors use it) */
+    int fast;                 /* the fast connection's socket, or -1: requests go over ZeroMQ */
 };
+
+/* The body of the last reply, whichever way it came (one byte more, for a NUL). */
+static unsigned char reply[MAX_REPLY + 1];
 
 static int open_socket(struct client *c)
 {
@@ -178,9 +199,173 @@ static void close_socket(struct client *c)
     c->sock = NULL;
 }
 
+/* How one request went on the wire. */
+enum exchange {
+    REPLIED,   /* `reply` holds the reply body */
+    LOST,      /* no reply in time, and the socket was replaced: ask again */
+    FAST_DOWN, /* the fast connection failed and is closed: ask again on ZeroMQ */
+    BROKEN     /* give up: a socket error, or a reply that is not one body */
+};
+
+/* Sends the body `req` on the DEALER socket and receives the reply into `reply`. */
+static enum exchange zmq_exchange(struct client *c, const unsigned char *req, size_t len, size_t *size)
+{
+    /* A DEALER sends the body frame alone, without an empty delimiter. */
+    if (zmq_send(c->sock, req, len, 0) != (int)len) {
+        fprintf(stderr, "%s: send failed: %s\n", prog, zmq_strerror(zmq_errno()));
+        close_socket(c);
+        return open_socket(c) == 0 ? LOST : BROKEN;
+    }
+    int n = zmq_recv(c->sock, reply, MAX_REPLY, 0);
+    if (n < 0) {
+        int err = zmq_errno();
+        if (err != EAGAIN) {
+            fprintf(stderr, "%s: receive failed: %s\n", prog, zmq_strerror(err));
+            return BROKEN;
+        }
+        /* Lost: never reuse this socket, or the late reply could pass for the next one's. */
+        fprintf(stderr, "%s: no reply within %d ms; reconnecting\n", prog, RECV_TIMEOUT_MS);
+        close_socket(c);
+        return open_socket(c) == 0 ? LOST : BROKEN;
+    }
+    int more = 0;
+    size_t more_size = sizeof more;
+    /* We sent no delimiter, so the reply is exactly one body frame. */
+    if (zmq_getsockopt(c->sock, ZMQ_RCVMORE, &more, &more_size) != 0 || more) {
+        fprintf(stderr, "%s: protocol error: reply of more than one frame\n", prog);
+        return BROKEN;
+    }
+    if (n > MAX_REPLY) { /* zmq_recv truncated it */
+        fprintf(stderr, "%s: reply of %d bytes, more than this client reads (%d)\n", prog, n, MAX_REPLY);
+        return BROKEN;
+    }
+    *size = (size_t)n;
+    return REPLIED;
+}
+
+/* -- the fast port ------------------------------------------------------------------------- */
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Sends (POLLOUT) or receives (POLLIN) exactly `n` bytes on the non-blocking socket
+ * `fd` before `deadline` (of now_ms()): NULL when done, else what went wrong. */
+static const char *fast_io(int fd, short event, unsigned char *p, size_t n, int64_t deadline)
+{
+    while (n > 0) {
+        struct pollfd pfd = {fd, event, 0};
+        int64_t left = deadline - now_ms();
+        if (left <= 0)
+            return "no reply in time";
+        int ready = poll(&pfd, 1, (int)left);
+        if (ready < 0 && errno != EINTR)
+            return strerror(errno);
+        if (ready <= 0)
+            continue;
+        ssize_t done = event == POLLIN ? recv(fd, p, n, 0) : send(fd, p, n, MSG_NOSIGNAL);
+        if (done == 0 && event == POLLIN)
+            return "the server closed the connection";
+        if (done < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+            return strerror(errno);
+        if (done > 0) {
+            p += done;
+            n -= (size_t)done;
+        }
+    }
+    return NULL;
+}
+
+/* Sends the body `req` on the fast connection, after its length, and receives the
+ * reply into `reply`. Any failure closes the connection: the request on it is lost
+ * (its late reply can never be read), and ZeroMQ serves the rest of the run. */
+static enum exchange fast_exchange(struct client *c, const unsigned char *req, size_t len, size_t *size)
+{
+    unsigned char frame[4 + MAX_REQUEST], length[4];
+    int64_t deadline = now_ms() + RECV_TIMEOUT_MS;
+    put_u32(frame, (uint32_t)len);
+    memcpy(frame + 4, req, len);
+    const char *why = fast_io(c->fast, POLLOUT, frame, 4 + len, deadline);
+    if (why == NULL)
+        why = fast_io(c->fast, POLLIN, length, sizeof length, deadline);
+    if (why == NULL) {
+        *size = get_u32(length);
+        if (*size == 0 || *size > MAX_REPLY) /* no reply is that long: the stream cannot be read on */
+            why = "a garbled frame (impossible length)";
+        else
+            why = fast_io(c->fast, POLLIN, reply, *size, deadline);
+    }
+    if (why == NULL)
+        return REPLIED;
+    fprintf(stderr, "%s: fast port: %s; using ZeroMQ from now on\n", prog, why);
+    close(c->fast);
+    c->fast = -1;
+    return FAST_DOWN;
+}
+
+/* Connects the non-blocking socket `fd` to `a` within CONNECT_TIMEOUT_MS: 0, or an errno value. */
+static int connect_within(int fd, const struct addrinfo *a)
+{
+    struct pollfd pfd = {fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
+        return 0;
+    if (errno != EINPROGRESS)
+        return errno;
+    int ready = poll(&pfd, 1, CONNECT_TIMEOUT_MS);
+    if (ready <= 0)
+        return ready == 0 ? ETIMEDOUT : errno;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        return errno;
+    return err;
+}
+
+/* A TCP connection to HOST:PORT (non-blocking, TCP_NODELAY), or -1 after saying why. */
+static int fast_open(const char *host, const char *port)
+{
+    struct addrinfo hints, *list;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    int rc = getaddrinfo(host, port, &hints, &list);
+    if (rc != 0) {
+        fprintf(stderr, "%s: fast port: cannot resolve %s: %s; using ZeroMQ\n", prog, host, gai_strerror(rc));
+        return -1;
+    }
+    int fd = -1, err = 0, one = 1;
+    for (const struct addrinfo *a = list; a != NULL && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        if (fcntl(fd, F_SETFL, O_NONBLOCK) != 0 || setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
+            err = errno;
+        else
+            err = connect_within(fd, a);
+        if (err != 0) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(list);
+    if (fd < 0)
+        fprintf(stderr, "%s: fast port: cannot connect to %s:%s: %s; using ZeroMQ\n", prog, host, port,
+                strerror(err));
+    return fd;
+}
+
+/* -- requests ------------------------------------------------------------------------------ */
+
 enum outcome {
     GRANTED, /* *first and *count hold a block */
     RETRY,   /* a retriable error or a lost request: try again after a back-off */
+    AGAIN,   /* the fast connection failed: ask again on ZeroMQ, at once */
     FAILED   /* give up: a non-retriable error or a protocol violation */
 };
 
@@ -205,46 +390,26 @@ static enum outcome on_error(const unsigned char *p, size_t size)
     return retry ? RETRY : FAILED;
 }
 
-/* Sends one RESERVE for `want` IDs and reads its reply. */
+/* Sends one RESERVE for `want` IDs, on the fast connection if there is one, and reads its reply. */
 static enum outcome reserve_once(struct client *c, uint32_t want, uint64_t *first, uint32_t *count)
 {
     unsigned char req[RESERVE_SIZE];
     uint64_t request_id = c->next_request_id++;
+    size_t size = 0;
 
     req[0] = PROTO_VERSION;
     req[1] = TYPE_RESERVE;
     put_u16(req + 2, 0); /* flags: no AFTER */
     put_u64(req + 4, request_id);
     put_u32(req + 12, want);
-    /* A DEALER sends the body frame alone, without an empty delimiter. */
-    if (zmq_send(c->sock, req, sizeof req, 0) != (int)sizeof req) {
-        fprintf(stderr, "%s: send failed: %s\n", prog, zmq_strerror(zmq_errno()));
-        close_socket(c);
-        return open_socket(c) == 0 ? RETRY : FAILED;
-    }
-
-    zmq_msg_t msg;
-    zmq_msg_init(&msg);
-    if (zmq_msg_recv(&msg, c->sock, 0) < 0) {
-        int err = zmq_errno();
-        zmq_msg_close(&msg);
-        if (err != EAGAIN) {
-            fprintf(stderr, "%s: receive failed: %s\n", prog, zmq_strerror(err));
-            return FAILED;
-        }
-        /* Lost: never reuse this socket, or the late reply could pass for the next one's. */
-        fprintf(stderr, "%s: no reply within %d ms; reconnecting\n", prog, RECV_TIMEOUT_MS);
-        close_socket(c);
-        return open_socket(c) == 0 ? RETRY : FAILED;
-    }
+    enum exchange e = c->fast >= 0 ? fast_exchange(c, req, sizeof req, &size)
+                                   : zmq_exchange(c, req, sizeof req, &size);
+    if (e != REPLIED)
+        return e == LOST ? RETRY : e == FAST_DOWN ? AGAIN : FAILED;
 
     enum outcome result = FAILED;
-    const unsigned char *p = zmq_msg_data(&msg);
-    size_t size = zmq_msg_size(&msg);
-    /* We sent no delimiter, so the reply is exactly one body frame. */
-    if (zmq_msg_more(&msg)) {
-        fprintf(stderr, "%s: protocol error: reply of more than one frame\n", prog);
-    } else if (size < HEADER_SIZE) {
+    const unsigned char *p = reply;
+    if (size < HEADER_SIZE) {
         fprintf(stderr, "%s: protocol error: reply of %zu bytes, shorter than the header\n", prog, size);
     } else if (p[0] != PROTO_VERSION) {
         fprintf(stderr, "%s: protocol error: reply has version %u\n", prog, (unsigned)p[0]);
@@ -271,47 +436,73 @@ static enum outcome reserve_once(struct client *c, uint32_t want, uint64_t *firs
         else
             result = GRANTED;
     }
-    zmq_msg_close(&msg);
     return result;
 }
 
-/* Sends NODES and prints the JSON of its reply; 0 on success. One try: the
- * caller may run it again (a lost reply needs no retry logic here). */
-static int nodes_once(struct client *c)
+/* Sends NODES over ZeroMQ; on success (0) the reply's JSON, `*json_size` bytes, is
+ * at reply + HEADER_SIZE, NUL-terminated. One try: the caller may run it again (a
+ * lost reply needs no retry logic here). */
+static int nodes_once(struct client *c, size_t *json_size)
 {
     unsigned char req[HEADER_SIZE];
     uint64_t request_id = c->next_request_id++;
+    size_t size = 0;
     req[0] = PROTO_VERSION;
     req[1] = TYPE_NODES;
     put_u16(req + 2, 0);
     put_u64(req + 4, request_id);
-    if (zmq_send(c->sock, req, sizeof req, 0) != (int)sizeof req) {
-        fprintf(stderr, "%s: send failed: %s\n", prog, zmq_strerror(zmq_errno()));
+    if (zmq_exchange(c, req, sizeof req, &size) != REPLIED)
         return 1;
-    }
-    zmq_msg_t msg;
-    zmq_msg_init(&msg);
-    if (zmq_msg_recv(&msg, c->sock, 0) < 0) {
-        fprintf(stderr, "%s: no reply to NODES within %d ms\n", prog, RECV_TIMEOUT_MS);
-        zmq_msg_close(&msg);
-        return 1;
-    }
-    int status = 1;
-    const unsigned char *p = zmq_msg_data(&msg);
-    size_t size = zmq_msg_size(&msg);
-    if (zmq_msg_more(&msg) || size < HEADER_SIZE || p[0] != PROTO_VERSION || get_u64(p + 4) != request_id) {
+    if (size < HEADER_SIZE || reply[0] != PROTO_VERSION || get_u64(reply + 4) != request_id) {
         fprintf(stderr, "%s: protocol error: not a reply to NODES request %" PRIu64 "\n", prog, request_id);
-    } else if (p[1] == TYPE_ERROR) {
-        on_error(p, size);
-    } else if (p[1] != TYPE_NODES_REPLY) {
-        fprintf(stderr, "%s: protocol error: unexpected reply type 0x%02x to NODES\n", prog, (unsigned)p[1]);
+    } else if (reply[1] == TYPE_ERROR) {
+        on_error(reply, size);
+    } else if (reply[1] != TYPE_NODES_REPLY) {
+        fprintf(stderr, "%s: protocol error: unexpected reply type 0x%02x to NODES\n", prog, (unsigned)reply[1]);
     } else {
-        fwrite(p + HEADER_SIZE, 1, size - HEADER_SIZE, stdout);
-        putchar('\n');
-        status = 0;
+        reply[size] = '\0';
+        *json_size = size - HEADER_SIZE;
+        return 0;
     }
-    zmq_msg_close(&msg);
-    return status;
+    return 1;
+}
+
+/* For a tcp://HOST:PORT endpoint, unless SNOWFENCE_NO_FAST is set (and not 0): asks
+ * NODES for the node's "fast_port", and connects to it on HOST. Without one, or when
+ * anything fails, c->fast stays -1 and the requests go over ZeroMQ. */
+static void find_fast_port(struct client *c)
+{
+    const char *off = getenv("SNOWFENCE_NO_FAST");
+    if (strncmp(c->endpoint, "tcp://", 6) != 0 || (off != NULL && *off != '\0' && strcmp(off, "0") != 0))
+        return;
+    char host[256], port[8];
+    const char *at = c->endpoint + 6, *colon = strrchr(at, ':');
+    size_t n = colon != NULL ? (size_t)(colon - at) : 0;
+    if (n >= 2 && at[0] == '[' && at[n - 1] == ']') { /* an IPv6 address */
+        at++;
+        n -= 2;
+    }
+    if (n == 0 || n >= sizeof host)
+        return;
+    memcpy(host, at, n);
+    host[n] = '\0';
+
+    size_t size;
+    if (nodes_once(c, &size) != 0) {
+        fprintf(stderr, "%s: NODES failed; using ZeroMQ\n", prog);
+        return;
+    }
+    const char *v = json_member((const char *)reply + HEADER_SIZE, "fast_port");
+    if (v == NULL || strncmp(v, "null", 4) == 0)
+        return; /* the node has no fast port */
+    char *end;
+    long value = *v >= '1' && *v <= '9' ? strtol(v, &end, 10) : 0;
+    if (value < 1 || value > 65535 || strchr(",} \t\r\n", *end) == NULL) {
+        fprintf(stderr, "%s: NODES has a \"fast_port\" that is not a port; using ZeroMQ\n", prog);
+        return;
+    }
+    snprintf(port, sizeof port, "%ld", value);
+    c->fast = fast_open(host, port);
 }
 
 static void sleep_ms(long ms)
@@ -348,11 +539,16 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    struct client c = {zmq_ctx_new(), NULL, argv[1], 1};
+    struct client c = {zmq_ctx_new(), NULL, argv[1], 1, -1};
     if (c.ctx == NULL || open_socket(&c) != 0)
         return 1;
     if (nodes) {
-        int rc = nodes_once(&c);
+        size_t size;
+        int rc = nodes_once(&c, &size);
+        if (rc == 0) {
+            fwrite(reply + HEADER_SIZE, 1, size, stdout);
+            putchar('\n');
+        }
         close_socket(&c);
         zmq_ctx_term(c.ctx);
         fflush(stdout);
@@ -361,6 +557,9 @@ int main(int argc, char **argv)
 
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
+
+    if (remaining > 0)
+        find_fast_port(&c);
 
     int status = 0, attempts = 0;
     long backoff_ms = BACKOFF_MS;
@@ -378,6 +577,8 @@ int main(int argc, char **argv)
             backoff_ms = BACKOFF_MS;
             continue;
         }
+        if (r == AGAIN) /* at most once: the fast connection is gone for good */
+            continue;
         if (r == FAILED || ++attempts >= MAX_ATTEMPTS) {
             if (r == RETRY)
                 fprintf(stderr, "%s: giving up after %d attempts\n", prog, attempts);
@@ -388,6 +589,8 @@ int main(int argc, char **argv)
         backoff_ms *= 2;
     }
 
+    if (c.fast >= 0)
+        close(c.fast);
     close_socket(&c);
     zmq_ctx_term(c.ctx);
     if (fflush(stdout) != 0 || ferror(stdout)) {

@@ -71,8 +71,12 @@ def check_dashboard(dashboard: dict, labels: dict[str, set[str]]) -> None:
 
 def test_alerts_dashboard_and_docs_name_only_what_a_node_exports(nodes):
     peer = nodes.start("peer", workers=1)
-    # With a peer, so that the peer clock metrics are exported (and checked against the docs) too.
-    node = nodes.start(workers=1, args=("--metrics-bind", "127.0.0.1:0", "--peers", peer.endpoint))
+    # With a peer, so that the peer clock metrics are exported (and checked against the docs) too,
+    # and on TCP, so that the fast port's are.
+    node = nodes.start(
+        workers=1, bind="tcp://127.0.0.1:0", args=("--metrics-bind", "127.0.0.1:0", "--peers", peer.endpoint)
+    )
+    node.wait_bound()
     node.wait_ready()
     addr = health(node)
     # The broker snapshots its workers' reports twice a second: wait for one with a ready
