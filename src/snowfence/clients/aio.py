@@ -218,17 +218,78 @@ class AsyncClient(ClientBase):
 
     async def reserve(self, n: int, *, after: int | None = None) -> list[Block]:
         """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``."""
+        fast = self._fast
+        if fast is not None and after is None:
+            return await self._reserve_fast(fast, n)
         return await self._reserve(n, after=after)
 
-    async def _reserve(self, n: int, *, after: int | None = None, chunk: int = protocol.MAX_BLOCK) -> list[Block]:
+    async def _reserve_fast(self, fast: _FastProtocol, n: int) -> list[Block]:
+        """``reserve(n)`` while a fast connection is open: one request sent at once and,
+        when its answer is the whole grant, returned at once. Anything else (another
+        answer, none in time, the connection closing under it) :meth:`_reserve` takes
+        from there, as if its own round had sent the request; a call that is not one
+        small request, or that discovery is due for, goes there from the start.
+
+        The common case of a single ID is all this does: building a round for it costs
+        about as much as the rest of the round trip in Python."""
+        now = time.monotonic_ns()
+        if (
+            n.__class__ is not int
+            or not 0 < n <= protocol.MAX_BLOCK
+            or fast.lost
+            or not self._fast_still(fast.endpoint, fast.where[1], n, protocol.MAX_BLOCK)
+            or self._discovery_wanted(now)
+        ):
+            return await self._reserve(n)
+        pending, frame = self._core.reserve(n, now + self._timeout_ns)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        fast.waiters[pending.request_id] = future
+        fast.transport.write(_stream(frame))
+        timer = loop.call_later(self.timeout_s, _expire, future)
+        resets = self.resets
+        try:
+            await future
+        except BaseException:
+            fast.waiters.pop(pending.request_id, None)
+            self._core.abandon((pending,))
+            raise
+        finally:
+            timer.cancel()
+        matched = future.result()
+        if matched is not None and matched is not _LOST and matched is not _EXPIRED:
+            reply = matched[1]
+            if reply.type == protocol.BLOCK and reply.count == n:
+                self.directory.answered()
+                return [Block(reply.first, n)]
+        return await self._reserve(n, sent=(pending, self._expired_or_reset(matched, resets)))
+
+    async def _reserve(
+        self,
+        n: int,
+        *,
+        after: int | None = None,
+        chunk: int = protocol.MAX_BLOCK,
+        sent: tuple[Pending, object] | None = None,
+    ) -> list[Block]:
+        """``reserve(n)`` in rounds (see :class:`ReserveRound`). ``sent``: the request
+        :meth:`_reserve_fast` sent for all ``n`` IDs, with what its future ended with."""
         job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
         started_ns = time.monotonic_ns()
         round_ = ReserveRound(self, job, started_ns)
-        if self._discovery_wanted(started_ns):  # checked here: a coroutine per call costs
-            await self._discover()
         waiting: dict[asyncio.Future, Pending] = {}
         loop = asyncio.get_running_loop()
         try:
+            if sent is None:
+                if self._discovery_wanted(started_ns):  # checked here: a coroutine per call costs
+                    await self._discover()
+            else:
+                pending, matched = sent
+                job.to_send()  # all n in the one request already sent
+                pending.job = job
+                round_.waiting[pending.request_id] = pending
+                expired = self._outcome(round_, pending, matched)
+                await self._settle(round_, waiting, pending.deadline_ns if expired else 0)
             while not round_.done:
                 fast = self._fast
                 if self._fast_ports and (
@@ -237,7 +298,7 @@ class AsyncClient(ClientBase):
                     fast = await self._fast_connection(n, chunk)
                 now = time.monotonic_ns()
                 for pending, frame in round_.requests(now):
-                    if fast is not None and not fast.lost:  # _ask, inline: it is every small request
+                    if fast is not None and not fast.lost:  # _ask, inline
                         future = loop.create_future()
                         fast.waiters[pending.request_id] = future
                         fast.transport.write(_stream(frame))
@@ -247,44 +308,63 @@ class AsyncClient(ClientBase):
                 deadline_ns = round_.deadline_ns(now)
                 timeout_s = max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
                 if len(waiting) == 1:
-                    # One request (every small reservation): await its future itself, with a
-                    # timer that ends it at the deadline. asyncio.wait (or wait_for) would add
-                    # a waiter, and a turn of the loop, to every round trip.
+                    # One request: await its future itself, with a timer that ends it at the
+                    # deadline. asyncio.wait (or wait_for) would add a waiter, and a turn of
+                    # the loop, to every round trip.
                     (future,) = waiting
+                    resets = self.resets
                     if not future.done():
                         timer = loop.call_later(timeout_s, _expire, future)
                         try:
                             await future
                         finally:
                             timer.cancel()
-                    done = (future,)
+                    ended = [(waiting.pop(future), self._expired_or_reset(future.result(), resets))]
                 else:
                     done, _ = await asyncio.wait(waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+                    ended = [(waiting.pop(future), future.result()) for future in done]
                 expired = False
-                for future in done:
-                    pending = waiting.pop(future)
-                    matched = future.result()
-                    if matched is None:  # the socket was reset under it
-                        round_.on_dropped(pending)
-                    elif matched is _LOST:  # its fast connection closed: asked again
-                        round_.on_dropped(pending)
-                        self._core.abandon((pending,))
-                    elif matched is _EXPIRED:  # its deadline came: settle() takes it from here
-                        expired = True
-                    else:
-                        round_.on_reply(*matched)
-                now = time.monotonic_ns()
-                reset, sleep_s = round_.settle(max(now, deadline_ns) if expired else now)
-                if reset:
-                    self._forget_waiters(waiting)
-                    self._reset()
-                if sleep_s:
-                    await asyncio.sleep(sleep_s)
+                for pending, matched in ended:
+                    expired |= self._outcome(round_, pending, matched)
+                await self._settle(round_, waiting, deadline_ns if expired else 0)
         except BaseException:
             round_.abandon()
             self._forget_waiters(waiting)
             raise
         return job.result()
+
+    def _expired_or_reset(self, matched, resets: int):
+        """A future its timer ended (``_EXPIRED``) whose connection another task reset
+        before this one resumed: its socket went, as for any request the reset dropped
+        (None), so the timeout is not this endpoint's again (counted twice, it would send
+        the client back to the endpoint that just failed)."""
+        if matched is _EXPIRED and self.resets != resets:
+            return None
+        return matched
+
+    def _outcome(self, round_: ReserveRound, pending: Pending, matched) -> bool:
+        """What a request's future ended with, to its round; True if it was its deadline."""
+        if matched is None:  # the socket was reset under it
+            round_.on_dropped(pending)
+        elif matched is _LOST:  # its fast connection closed: asked again
+            round_.on_dropped(pending)
+            self._core.abandon((pending,))
+        elif matched is _EXPIRED:  # its deadline came: settle() takes it from here
+            return True
+        else:
+            round_.on_reply(*matched)
+        return False
+
+    async def _settle(self, round_: ReserveRound, waiting: dict, expired_deadline_ns: int) -> None:
+        """After a wait: reset the connection and back off as :meth:`ReserveRound.settle` says.
+        A deadline that expired a request is at least "now" for it, whatever the clock
+        read a moment ago (the timer may fire a hair early)."""
+        reset, sleep_s = round_.settle(max(time.monotonic_ns(), expired_deadline_ns))
+        if reset:
+            self._forget_waiters(waiting)
+            self._reset()
+        if sleep_s:
+            await asyncio.sleep(sleep_s)
 
     def _forget_waiters(self, waiting: dict[asyncio.Future, Pending]) -> None:
         fast = self._fast.waiters if self._fast is not None else {}

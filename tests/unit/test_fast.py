@@ -1,9 +1,10 @@
 """The fast port: its framing (protocol.Stream), the broker's side (FastPort) on real
-loopback sockets with a scripted routing core, its setting, and how a client decides
-to use it. Real nodes: tests/integration/test_fast_port.py."""
+loopback sockets with a scripted routing core, its setting, how a client decides
+to use it, and the asyncio client's one-request path. Real nodes: tests/integration/test_fast_port.py."""
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import struct
@@ -14,7 +15,7 @@ import pytest
 from snowfence import protocol
 from snowfence.broker import fast as fastmod
 from snowfence.broker.fast import FastPort, fast_address, is_fast_addr
-from snowfence.clients.core import ClientBase
+from snowfence.clients.core import Block, ClientBase
 from snowfence.config import Config
 from snowfence.errors import BadRequest, ConfigError, FrameTooLarge
 
@@ -386,3 +387,85 @@ def test_the_answering_nodes_own_port_is_used_at_the_host_the_client_reached_it_
     c = client("tcp://[::1]:5555")
     c._learn_fast({"fast_port": 40001, "nodes": [{"endpoints": ["tcp://10.0.0.5:5555"], "fast_port": 40009}]})
     assert c._fast_route(1, protocol.MAX_BLOCK, 0) == ("::1", 40001)
+
+
+# -- the asyncio client's one-request path -------------------------------------------------------
+
+
+class ScriptedTransport:
+    """A fast connection's transport that answers each request with the next scripted reply
+    (a function of the request id and count), on the loop's next turn."""
+
+    def __init__(self, proto, script):
+        self.proto, self.script, self.asked = proto, list(script), []
+        self.loop = asyncio.get_running_loop()
+
+    def write(self, data):
+        body = data[4:]
+        rid, count = struct.unpack_from("!QI", body, 4)
+        self.asked.append(count)
+        reply = self.script.pop(0)(rid, count)
+        if reply is not None:
+            self.loop.call_soon(self.proto.data_received, protocol.encode_stream(reply))
+
+    def close(self):
+        pass
+
+
+def scripted_client(script, **kw):
+    from snowfence import AsyncClient
+    from snowfence.clients import aio
+
+    c = AsyncClient("tcp://127.0.0.1:1", **kw)
+    c._core.heard = True
+    c._fast_ports = {c.endpoint: 1}
+    c._fast_asked = c.endpoint
+    c.directory._next_ns = 1 << 62  # discovery not due
+    proto = aio._FastProtocol(c, ("127.0.0.1", 1))
+    proto.transport = ScriptedTransport(proto, script)
+    c._fast = proto
+    return c, proto.transport
+
+
+def run_async(coro):
+    return asyncio.new_event_loop().run_until_complete(coro)
+
+
+def test_the_asyncio_clients_single_request_takes_the_whole_grant_in_one_round_trip():
+    async def main():
+        c, t = scripted_client([lambda rid, n: protocol.encode_block(rid, 1000, n)])
+        assert await c.reserve(7) == [Block(1000, 7)]
+        assert t.asked == [7] and not c._core.inflight
+
+    run_async(main())
+
+
+def test_the_asyncio_clients_single_request_hands_a_partial_grant_to_its_rounds():
+    async def main():
+        c, t = scripted_client(
+            [lambda rid, n: protocol.encode_block(rid, 1000, 3), lambda rid, n: protocol.encode_block(rid, 5000, n)]
+        )
+        assert await c.reserve(10) == [Block(1000, 3), Block(5000, 7)]
+        assert t.asked == [10, 7] and not c._core.inflight
+
+    run_async(main())
+
+
+def test_the_asyncio_clients_single_request_retries_a_retriable_error_and_raises_another():
+    from snowfence.errors import ClockUnsafe
+
+    async def main():
+        c, t = scripted_client(
+            [
+                lambda rid, n: protocol.encode_error(rid, ClockUnsafe("scripted")),
+                lambda rid, n: protocol.encode_block(rid, 9000, n),
+            ]
+        )
+        assert await c.reserve(2) == [Block(9000, 2)]
+        assert t.asked == [2, 2]
+        c, t = scripted_client([lambda rid, n: protocol.encode_error(rid, BadRequest("scripted"))])
+        with pytest.raises(BadRequest):
+            await c.reserve(2)
+        assert t.asked == [2] and not c._core.inflight  # not retriable: raised at once
+
+    run_async(main())
