@@ -172,6 +172,9 @@ class AsyncClient(ClientBase):
             except (OSError, TimeoutError):
                 self._fast_failed(time.monotonic_ns())
                 proto = None
+            if proto is not None and self._closed:  # closed while it connected
+                proto.close()
+                proto = None
             self._fast = proto
             opening.set_result(proto)
             return proto
