@@ -364,8 +364,11 @@ def test_after_a_failure_a_client_leaves_the_fast_port_alone_for_a_while():
     c._learn_fast({"fast_port": 40001, "nodes": []})
     c._fast_failed(1_000)
     assert c._fast_route(1, protocol.MAX_BLOCK, 2_000) is None
+    assert c._fast_unknown()  # asked again: a node restarted with auto has another port
+    c._learn_fast({"fast_port": 40007, "nodes": []})
+    assert c._fast_route(1, protocol.MAX_BLOCK, 3_000) is None  # still left alone
     later = 1_000 + int(30 * 1e9)
-    assert c._fast_route(1, protocol.MAX_BLOCK, later) == ("10.0.0.5", 40001)
+    assert c._fast_route(1, protocol.MAX_BLOCK, later) == ("10.0.0.5", 40007)
 
 
 def test_a_client_asks_a_new_node_for_its_fast_port_once_and_never_over_ipc_or_with_curve():
@@ -421,7 +424,7 @@ def scripted_client(script, **kw):
     c._fast_ports = {c.endpoint: 1}
     c._fast_asked = c.endpoint
     c.directory._next_ns = 1 << 62  # discovery not due
-    proto = aio._FastProtocol(c, ("127.0.0.1", 1))
+    proto = aio._FastProtocol(c, ("127.0.0.1", 1), c.endpoint)
     proto.transport = ScriptedTransport(proto, script)
     c._fast = proto
     return c, proto.transport
@@ -469,3 +472,55 @@ def test_the_asyncio_clients_single_request_retries_a_retriable_error_and_raises
         assert t.asked == [2] and not c._core.inflight  # not retriable: raised at once
 
     run_async(main())
+
+
+def test_a_bad_frame_whose_error_cannot_be_sent_closes_the_connection_once(monkeypatch):
+    # The ERROR for a bad frame fails to send (the client reset the connection at once):
+    # send() closes the connection, and the close after it must not close it again (a
+    # second unregister of its descriptor stopped the broker's loop).
+    core = Core()
+    registered: set[int] = set()
+
+    def unwatch(fd):
+        registered.remove(fd)  # raises KeyError, as zmq.Poller.unregister does, for one not there
+
+    port = FastPort(
+        "127.0.0.1",
+        0,
+        admit=core.admit,
+        other=core.other,
+        bad_request=core.bad_request,
+        counters=core.counters,
+        waited_zero=lambda n: None,
+        watch=lambda fd, writable: registered.add(fd),
+        unwatch=unwatch,
+    )
+    core.port = port
+    registered.add(port.listen_fd)
+    try:
+        sock = socket.create_connection(("127.0.0.1", port.port), timeout=5)
+        turn(port)
+        (conn,) = port.by_fd.values()
+
+        class Resetting:  # the kernel's answer to a send after the peer's reset
+            def __init__(self, real):
+                self.real = real
+
+            def recv(self, n):
+                return self.real.recv(n)
+
+            def send(self, data):
+                raise ConnectionResetError(104, "Connection reset by peer")
+
+            def close(self):
+                self.real.close()
+
+        conn.sock = Resetting(conn.sock)
+        sock.sendall(struct.pack("!I", 0))
+        time.sleep(0.05)
+        port.on_readable(conn.fd)
+        assert not port.by_fd and port.stats["closed"] == 1
+        assert registered == {port.listen_fd}
+        sock.close()
+    finally:
+        port.close()

@@ -160,6 +160,11 @@ class Router:
                 )
                 continue
             counters["requests"] += 1
+            if len(addr) == _FAST_ADDR_SIZE and addr[0] == 0:
+                # A ZeroMQ peer that set itself a fast connection's routing id: its replies
+                # would go to that connection. Not answered (an answer would go there too).
+                counters["bad_request"] += 1
+                continue
             plain = _plain_reserve(body)
             if plain is None:
                 core.slow_request(meta, addr, body)

@@ -35,11 +35,12 @@ from .core import (
 class _FastProtocol(asyncio.Protocol):
     """A connection to a node's fast port: each body that arrives goes to its waiter."""
 
-    def __init__(self, client: AsyncClient, where: tuple[str, int]) -> None:
+    def __init__(self, client: AsyncClient, where: tuple[str, int], endpoint: str) -> None:
         self.client = client
         self.where = where
-        #: The ZeroMQ endpoint of the node whose fast port this is.
-        self.endpoint = client.endpoint
+        #: The ZeroMQ endpoint of the node whose fast port this is (as it was when the
+        #: connection was begun: another task may move the client while it connects).
+        self.endpoint = endpoint
         self.transport: asyncio.Transport | None = None
         self.frames = protocol.Stream(protocol.MAX_REPLY_BYTES)
         #: Requests sent on this connection, by request id: they go with it.
@@ -165,8 +166,9 @@ class AsyncClient(ClientBase):
         try:
             self._close_fast()
             try:
+                endpoint = self.endpoint
                 _, proto = await asyncio.wait_for(
-                    loop.create_connection(lambda: _FastProtocol(self, route), *route),
+                    loop.create_connection(lambda: _FastProtocol(self, route, endpoint), *route),
                     min(self.timeout_s, FAST_CONNECT_TIMEOUT_S),
                 )
             except (OSError, TimeoutError):
@@ -197,7 +199,10 @@ class AsyncClient(ClientBase):
             fast.close()
 
     def _reset(self, rotate: bool = True) -> None:
-        """Close the socket with everything still on it; the waiters learn it is gone."""
+        """Close the socket with everything still on it; the waiters learn it is gone. A
+        timeout (``rotate``) while a fast connection was open is the fast port's failure too."""
+        if rotate and self._fast is not None:
+            self._fast_failed(time.monotonic_ns())
         self._close_fast()
         for future in self._waiters.values():
             if not future.done():

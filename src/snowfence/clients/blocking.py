@@ -78,14 +78,14 @@ class FastConnection:
         try:
             self.sock.settimeout(None)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(int(timeout_s * 1000)))
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(max(1, int(timeout_s * 1000))))
         except OSError:
             self.sock.close()
             raise
         self._frames = protocol.Stream(protocol.MAX_REPLY_BYTES)
         self._ready: deque[bytes] = deque()
-        #: The receive timeout set now (ms; -1: none yet).
-        self._rcvtimeo_ms = -1
+        #: The receive timeout set now (ms; None: none yet, and the kernel's default is none).
+        self._rcvtimeo_ms: int | None = None
 
     def send(self, body: bytes) -> None:
         self.sock.sendall(_stream(body))
@@ -102,7 +102,7 @@ class FastConnection:
                 return None
             # Set again only when it is off by more than a few ms (it may end a wait early,
             # never late; an early end goes round this loop again).
-            if not left_ms - _RCVTIMEO_SLACK_MS <= self._rcvtimeo_ms <= left_ms:
+            if self._rcvtimeo_ms is None or not left_ms - _RCVTIMEO_SLACK_MS <= self._rcvtimeo_ms <= left_ms:
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(left_ms))
                 self._rcvtimeo_ms = left_ms
             try:
@@ -283,7 +283,10 @@ class Client(ClientBase):
             self._fast = None
 
     def _reset(self, rotate: bool) -> None:
-        """Drop the socket (and any reply still on its way) and reconnect."""
+        """Drop the socket (and any reply still on its way) and reconnect. A timeout
+        (``rotate``) while a fast connection was open is the fast port's failure too."""
+        if rotate and self._fast is not None:
+            self._fast_failed(time.monotonic_ns())
         self._close_fast()
         if self._sock is not None:
             self._sock.close(linger=0)

@@ -502,9 +502,11 @@ class ClientBase:
         )
 
     def _fast_failed(self, now_ns: int) -> None:
-        """The fast port failed (refused, closed the connection, or timed out): ZeroMQ for
-        ``FAST_RETRY_S``, and then the port as the node next describes it."""
+        """The fast port failed (refused, closed the connection, or let a request time
+        out): ZeroMQ for ``FAST_RETRY_S``, and the port asked for again (a node that
+        restarted with ``auto`` has another)."""
         self._fast_off_until_ns = now_ns + int(FAST_RETRY_S * 1e9)
+        self._fast_ports.pop(self.endpoint, None)
         self._fast_asked = None
 
     def _switch_to(self, endpoint: str) -> None:
