@@ -110,6 +110,19 @@ def test_a_node_with_curve_has_no_fast_port_and_refuses_to_be_given_one(nodes, t
         assert c._fast is None
 
 
+def test_a_fast_port_that_cannot_be_bound_stops_serve_with_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        p, _ = run_snowfence(
+            "serve", "--bind", TCP, "--state-dir", str(tmp_path / "state"), "--workers", "1",
+            "--fast-bind", f"127.0.0.1:{port}",
+        )  # fmt: skip
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    assert f"cannot bind the fast port 127.0.0.1:{port}" in p.stderr, p.stderr
+
+
 def test_bad_frames_on_the_fast_port_get_an_error_and_the_node_goes_on(nodes):
     node = start(nodes, "--metrics-bind", "127.0.0.1:0")
     addr = health(node)

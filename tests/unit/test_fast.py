@@ -81,10 +81,10 @@ class Core:
         self.port.send(addr, protocol.encode_error(0, err))
 
 
-@pytest.fixture
-def served():
+def core_and_port(**kw) -> tuple[Core, FastPort]:
+    """A FastPort on a loopback port the kernel picks, wired to a scripted core."""
     core = Core()
-    port = FastPort(
+    core.port = FastPort(
         "127.0.0.1",
         0,
         admit=core.admit,
@@ -92,8 +92,14 @@ def served():
         bad_request=core.bad_request,
         counters=core.counters,
         waited_zero=lambda n: None,
+        **kw,
     )
-    core.port = port
+    return core, core.port
+
+
+@pytest.fixture
+def served():
+    core, port = core_and_port()
     clients: list[socket.socket] = []
 
     def connect() -> socket.socket:
@@ -478,24 +484,12 @@ def test_a_bad_frame_whose_error_cannot_be_sent_closes_the_connection_once(monke
     # The ERROR for a bad frame fails to send (the client reset the connection at once):
     # send() closes the connection, and the close after it must not close it again (a
     # second unregister of its descriptor stopped the broker's loop).
-    core = Core()
     registered: set[int] = set()
 
     def unwatch(fd):
         registered.remove(fd)  # raises KeyError, as zmq.Poller.unregister does, for one not there
 
-    port = FastPort(
-        "127.0.0.1",
-        0,
-        admit=core.admit,
-        other=core.other,
-        bad_request=core.bad_request,
-        counters=core.counters,
-        waited_zero=lambda n: None,
-        watch=lambda fd, writable: registered.add(fd),
-        unwatch=unwatch,
-    )
-    core.port = port
+    core, port = core_and_port(watch=lambda fd, writable: registered.add(fd), unwatch=unwatch)
     registered.add(port.listen_fd)
     try:
         sock = socket.create_connection(("127.0.0.1", port.port), timeout=5)

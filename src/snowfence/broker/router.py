@@ -64,7 +64,9 @@ class Router:
         curve: CurveServer | None = None,
     ) -> None:
         self.config = config
-        self.fast = None
+        #: The fast port (plain TCP beside the frontend), if this node has one; set before
+        #: the sockets, for close() after a failed start.
+        self.fast: FastPort | None = None
         self._fast_send = _no_fast_port
         self.frontend = ctx.socket(zmq.ROUTER)
         self.backend = ctx.socket(zmq.ROUTER)
@@ -84,8 +86,6 @@ class Router:
             live_pids=live_pids,
             metrics=metrics,
         )
-        #: The fast port (plain TCP beside the frontend), if this node has one.
-        self.fast: FastPort | None = None
         where = fast_address(config.fast_bind, self.endpoint(), bool(config.curve_secret_key))
         if where is not None:
             core = self.core
