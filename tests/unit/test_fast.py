@@ -1,6 +1,6 @@
 """The fast port: its framing (protocol.Stream), the broker's side (FastPort) on real
 loopback sockets with a scripted routing core, its setting, how a client decides
-to use it, and the asyncio client's one-request path. Real nodes: tests/integration/test_fast_port.py."""
+to use it, and both clients' one-request paths. Real nodes: tests/integration/test_fast_port.py."""
 
 from __future__ import annotations
 
@@ -518,3 +518,117 @@ def test_a_bad_frame_whose_error_cannot_be_sent_closes_the_connection_once(monke
         sock.close()
     finally:
         port.close()
+
+
+# -- the blocking client's one-request path ------------------------------------------------------
+
+
+class ScriptedFast:
+    """A blocking client's fast connection that answers each request with the next scripted
+    reply (a function of the request id and count; None: no answer, a wait that times out;
+    ``OSError``: the connection closes under the request)."""
+
+    def __init__(self, endpoint, script):
+        self.where, self.endpoint = ("127.0.0.1", 1), endpoint
+        self.script, self.asked, self.replies, self.closed = list(script), [], [], False
+
+    def send(self, frame):
+        rid, count = struct.unpack_from("!QI", frame, 4)
+        self.asked.append(count)
+        reply = self.script.pop(0)(rid, count)
+        if reply is OSError:
+            raise ConnectionResetError("scripted")
+        if reply is not None:
+            self.replies.append(reply)
+
+    def recv_within(self, timeout_ms):
+        return self.replies.pop(0) if self.replies else None
+
+    def recv_ready(self):
+        return self.replies.pop(0) if self.replies else None
+
+    def close(self):
+        self.closed = True
+
+
+def blocking_scripted(script, **kw):
+    from snowfence import Client
+
+    c = Client("tcp://127.0.0.1:1", **kw)
+    c._core.heard = True
+    c._fast_ports = {c.endpoint: 1}
+    c._fast_asked = c.endpoint
+    c.directory._next_ns = 1 << 62  # discovery not due
+    c._fast = ScriptedFast(c.endpoint, script)
+    return c, c._fast
+
+
+def test_the_blocking_clients_single_request_takes_the_whole_grant_in_one_round_trip(monkeypatch):
+    from snowfence.clients import blocking
+
+    c, fast = blocking_scripted([lambda rid, n: protocol.encode_block(rid, 1000, n)])
+    monkeypatch.setattr(blocking.Client, "_run", lambda *a, **k: pytest.fail("a round was built"))
+    assert c.reserve(7) == [Block(1000, 7)]
+    assert fast.asked == [7] and not c._core.inflight
+
+
+def test_the_blocking_clients_single_request_hands_a_partial_grant_to_its_rounds():
+    c, fast = blocking_scripted(
+        [lambda rid, n: protocol.encode_block(rid, 1000, 3), lambda rid, n: protocol.encode_block(rid, 5000, n)]
+    )
+    assert c.reserve(10) == [Block(1000, 3), Block(5000, 7)]
+    assert fast.asked == [10, 7] and not c._core.inflight
+
+
+def test_the_blocking_clients_single_request_retries_a_retriable_error_and_raises_another():
+    from snowfence.errors import ClockUnsafe
+
+    c, fast = blocking_scripted(
+        [
+            lambda rid, n: protocol.encode_error(rid, ClockUnsafe("scripted")),
+            lambda rid, n: protocol.encode_block(rid, 9000, n),
+        ]
+    )
+    assert c.reserve(2) == [Block(9000, 2)]
+    assert fast.asked == [2, 2] and not c._core.inflight
+    c, fast = blocking_scripted([lambda rid, n: protocol.encode_error(rid, BadRequest("scripted"))])
+    with pytest.raises(BadRequest):
+        c.reserve(2)
+    assert fast.asked == [2] and not c._core.inflight  # not retriable: raised at once
+
+
+def test_the_blocking_clients_single_request_skips_a_stale_reply_and_goes_to_zeromq_when_the_connection_closes():
+    c, fast = blocking_scripted([lambda rid, n: protocol.encode_block(rid - 1, 1, 1)])  # stale, then nothing
+    calls = []
+
+    def zeromq_round(round_, chunk=protocol.MAX_BLOCK, sent=None):
+        calls.append(sent)
+        c._take_over(round_, *sent)
+        round_.job.on_block(round_.job.unasked or 1, Block(77, 1))
+        round_.job.unasked = 0
+        round_.waiting.clear()
+
+    # A reply to an older request is not this one's: the wait goes on (and here times out).
+    c._run = zeromq_round
+    assert c.reserve(1) == [Block(77, 1)]
+    (sent,) = calls
+    assert sent[1] is None  # handed over as unanswered: the round's settle counts the timeout
+    c, fast = blocking_scripted([lambda rid, n: OSError])
+    calls.clear()
+    c._run = zeromq_round
+    assert c.reserve(1) == [Block(77, 1)]
+    from snowfence.clients import blocking
+
+    assert calls[0][1] is blocking._LOST
+    assert c._fast is None and fast.closed and c._fast_off_until_ns  # ZeroMQ for a while
+
+
+def test_the_blocking_clients_single_request_that_times_out_is_a_timeout_of_its_round():
+    from snowfence.errors import Timeout
+
+    c, fast = blocking_scripted([lambda rid, n: None], timeout_s=0.01, retries=0)
+    started = time.monotonic()
+    with pytest.raises(Timeout, match="gave up after 1 failed attempt"):
+        c.reserve(1)
+    assert time.monotonic() - started >= 0.01  # the deadline, not the first empty read
+    assert fast.asked == [1] and not c._core.inflight
