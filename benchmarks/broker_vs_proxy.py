@@ -5,12 +5,17 @@ the same minter; `snowfence bench` drives them with the same clients, in
 alternating order, several times. Reports medians and the ratio, then the
 latency of both at half the broker's throughput, offered on a fixed schedule.
 
-    python benchmarks/broker_vs_proxy.py [--runs 5] [--duration 5] [--clients 4] [--depth 16]
+    python benchmarks/broker_vs_proxy.py [--runs 5] [--duration 5] [--clients 4] [--depth 16] [--serve-args "..."]
+
+The relay hands every request to a worker (two hops); a snowfence node with its
+defaults answers single IDs from its broker's own worker ID (one hop), and with
+``--serve-args "--broker-mint-max-ids 0"`` hands them to a worker as the relay does.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from common import bench, median, servers
 
@@ -32,6 +37,9 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument(
+        "--serve-args", default="", help='more arguments for snowfence serve ("--broker-mint-max-ids 0": two hops)'
+    )
     args = parser.parse_args()
     common = ["--duration", str(args.duration), "--batch", str(args.batch)]
     full: dict[str, list[dict]] = {"relay": [], "snowfence": []}
@@ -39,7 +47,7 @@ def main() -> None:
     with servers(
         {
             "relay": {"kind": "relay", "workers": args.workers},
-            "snowfence": {"kind": "snowfence", "workers": args.workers},
+            "snowfence": {"kind": "snowfence", "workers": args.workers, "args": shlex.split(args.serve_args)},
         }
     ) as s:
         for run in range(args.runs):

@@ -4,14 +4,14 @@ What a user who takes one ID per event (a web request creating one row) compares
 Each round measures, one after the other in this process, for ``--duration`` s each:
 
 - ``Client.reserve(1)`` of snowfence's blocking client against a node on TCP loopback
-  started with ``--broker-mint-max-ids 64``: the client learns the node's fast port
-  (plain TCP) and its broker answers the request itself;
+  with its defaults: the client learns the node's fast port (plain TCP) and its broker
+  answers the request itself, from its own worker ID;
 - the same request from a bare TCP socket on that fast port (what the client library costs);
 - ``Client.reserve(1)`` against a node with the fast port but without the broker's
-  minting (the defaults: the broker hands the request to a worker);
+  minting (``--broker-mint-max-ids 0``: the broker hands the request to a worker);
 - ``Client.reserve(1)`` over ZeroMQ alone (``--fast-bind off``), with the broker's minting
   (one ZeroMQ hop) and without (two hops: client to broker, broker to worker, the
-  defaults of the previous release);
+  path of the releases before the fast port);
 - Redis ``INCR`` through redis-py, one per round trip, on TCP loopback;
 - a bare pyzmq ROUTER echo in another Python process (one ZeroMQ hop, no work);
 - ``AsyncClient.reserve(1)`` (fast port and broker minting; ZeroMQ and two hops) and
@@ -20,9 +20,17 @@ Each round measures, one after the other in this process, for ``--duration`` s e
 Rounds interleave the variants; the table shows the median over rounds of each
 round's p50 and p99. The nodes are started by this script (``snowfence serve`` on
 free ports, their defaults otherwise), as are Redis (Debian's ``redis-server``) and
-the echo; all are stopped at the end. Needs ``pip install -e '.[bench]'``.
+the echo; all are stopped at the end. Needs ``pip install -e '.[bench]'`` (redis-py
+uses hiredis, its faster parser, when that is installed: the table says which).
 
-    python benchmarks/single_id.py [--runs 3] [--duration 3] [--serve-args "..."]
+On a machine with few cores, where the scheduler puts a server decides much of a
+round trip: a server woken on the client's own core answers in a fraction of the
+time of one woken on another (a wake-up across cores costs tens of microseconds on a
+virtual machine), and it may pick differently for Redis and for snowfence. ``--pin``
+takes that out: every server process on the last core, this client on the first, so
+each round trip crosses cores both ways, as it does between two hosts.
+
+    python benchmarks/single_id.py [--runs 3] [--duration 3] [--pin] [--serve-args "..."]
 """
 
 from __future__ import annotations
@@ -186,6 +194,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per variant per round")
     parser.add_argument("--serve-args", default="", help="more arguments for snowfence serve")
+    parser.add_argument("--pin", action="store_true", help="servers on the last core, this client on the first")
     args = parser.parse_args()
     if shutil.which("redis-server") is None:
         sys.exit("redis-server is not installed (Debian: apt-get install redis-server)")
@@ -194,22 +203,47 @@ def main() -> None:
     echo_ep = f"tcp://127.0.0.1:{echo_port}"
     #: name: (endpoint, serve arguments beyond the defaults)
     nodes = {
-        "fast": (f"tcp://127.0.0.1:{free_port()}", ["--broker-mint-max-ids", "64"]),
-        "fast-worker": (f"tcp://127.0.0.1:{free_port()}", []),
-        "zmq-one": (f"tcp://127.0.0.1:{free_port()}", ["--broker-mint-max-ids", "64", "--fast-bind", "off"]),
-        "zmq-two": (f"tcp://127.0.0.1:{free_port()}", ["--fast-bind", "off"]),
+        "fast": (f"tcp://127.0.0.1:{free_port()}", []),
+        "fast-worker": (f"tcp://127.0.0.1:{free_port()}", ["--broker-mint-max-ids", "0"]),
+        "zmq-one": (f"tcp://127.0.0.1:{free_port()}", ["--fast-bind", "off"]),
+        "zmq-two": (f"tcp://127.0.0.1:{free_port()}", ["--fast-bind", "off", "--broker-mint-max-ids", "0"]),
     }
+    cores = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cores) < 2:
+        sys.exit("--pin needs two cores")
+    pin = ["taskset", "-c", str(cores[-1])] if args.pin else []
     fast_ep, worker_ep, one_ep, two_ep = (nodes[n][0] for n in ("fast", "fast-worker", "zmq-one", "zmq-two"))
     procs = []
     try:
         for name, (endpoint, extra) in nodes.items():
-            serve = [sys.executable, "-m", "snowfence", "serve", "--bind", endpoint, "--state-dir", str(root / name)]
+            serve = [
+                *pin,
+                sys.executable,
+                "-m",
+                "snowfence",
+                "serve",
+                "--bind",
+                endpoint,
+                "--state-dir",
+                str(root / name),
+            ]
             serve += extra + shlex.split(args.serve_args)
             log = open(root / f"serve-{name}.log", "ab")
             procs.append(subprocess.Popen(serve, stdout=log, stderr=log, start_new_session=True))
         procs.append(
             subprocess.Popen(
-                ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                [
+                    *pin,
+                    "redis-server",
+                    "--port",
+                    str(redis_port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
@@ -217,7 +251,10 @@ def main() -> None:
         )
         reply = protocol.encode_block(1, 1 << 40, 1).hex()
         echo = subprocess.Popen(
-            [sys.executable, "-c", ECHO, echo_ep, reply], stdout=subprocess.PIPE, start_new_session=True, text=True
+            [*pin, sys.executable, "-c", ECHO, echo_ep, reply],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            text=True,
         )
         procs.append(echo)
         echo.stdout.readline()
@@ -237,19 +274,27 @@ def main() -> None:
                     raise
                 time.sleep(0.05)
         variants = {
-            "snowfence Client.reserve(1), fast port": lambda: snowfence_client(fast_ep, args.duration),
+            "snowfence Client.reserve(1), default node": lambda: snowfence_client(fast_ep, args.duration),
             "a bare TCP socket, fast port": lambda: raw_fast(fast_ep, args.duration),
             "snowfence Client.reserve(1), fast port, worker mints": lambda: snowfence_client(worker_ep, args.duration),
             "snowfence Client.reserve(1), ZeroMQ, one hop": lambda: snowfence_client(one_ep, args.duration),
             "snowfence Client.reserve(1), ZeroMQ, two hops": lambda: snowfence_client(two_ep, args.duration),
             "Redis INCR, redis-py": lambda: redis_incr(redis_port, args.duration),
             "pyzmq ROUTER echo (one hop)": lambda: zmq_echo(echo_ep, args.duration),
-            "snowfence AsyncClient.reserve(1), fast port": lambda: run_async(async_snowfence(fast_ep, args.duration)),
+            "snowfence AsyncClient.reserve(1), default node": lambda: run_async(
+                async_snowfence(fast_ep, args.duration)
+            ),
             "snowfence AsyncClient.reserve(1), ZeroMQ, two hops": lambda: run_async(
                 async_snowfence(two_ep, args.duration)
             ),
             "Redis INCR, redis-py asyncio": lambda: run_async(async_redis(redis_port, args.duration)),
         }
+        if args.pin:
+            os.sched_setaffinity(0, {cores[0]})
+        import redis.utils
+
+        parser_name = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "its Python parser"
+        print(f"redis-py {redis.__version__} with {parser_name}; {'pinned' if args.pin else 'not pinned'}", flush=True)
         results: dict[str, list[dict]] = {name: [] for name in variants}
         for run in range(1, args.runs + 1):
             for name, fn in variants.items():

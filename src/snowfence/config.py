@@ -80,11 +80,11 @@ class Config:
         metavar="MS",
     )
     broker_mint_max_ids: int = setting(
-        0,
-        "Plain requests of up to this many IDs (64 is a good choice) the broker answers itself, in one hop, "
-        "from a worker ID of its own: leased, fenced and marked as any worker's, claimed once every worker of "
-        "the node holds its own and only if one is free, and kept until the node stops, so size the region "
-        "for one more worker ID per node. 0 (the default): every request goes to a worker.",
+        64,
+        "Plain requests of up to this many IDs the broker answers itself, in one hop, from a worker ID of "
+        "its own: leased, fenced and marked as any worker's, claimed once every worker of the node holds its "
+        "own and only while another worker ID of the region stays free, and given back when none does "
+        "(workers come first). 0: every request goes to a worker.",
         metavar="N",
     )
 

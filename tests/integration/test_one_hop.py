@@ -6,13 +6,14 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
 from checks import check_blocks, read_pairs
 from nodes import etcd_args, loadgen, wait_for
 
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 
 L = DEFAULT_LAYOUT
-#: The broker answers plain requests of up to 64 IDs itself (off by default).
+#: The broker answers plain requests of up to 64 IDs itself (the default, said explicitly).
 ONE_HOP = ("--broker-mint-max-ids", "64")
 
 
@@ -128,3 +129,32 @@ def test_a_clock_step_back_hands_small_requests_to_a_worker_without_an_error(nod
     assert {L.decompose(b.first).worker for b in small} & workers_ids(node)
     assert {L.decompose(b.first).worker for b in after} <= workers_ids(node)
     assert {L.decompose(b.first).worker for b in before + again} == set(own_ids(node))
+
+
+@pytest.mark.parametrize("store", ["embedded", "etcd"])
+def test_workers_come_first_a_broker_gives_its_worker_id_back_to_a_node_that_needs_it(nodes, request, store):
+    # Four worker IDs: node a's two workers and its broker leave one free; node b's two
+    # workers need two. b's first worker takes the free one; a's broker must give its own
+    # back for b's second (its mark lowered to what it used: b's worker waits for nothing).
+    four = Layout(time_bits=46, region_bits=3, worker_bits=2, sequence_bits=12)
+    args = ("--worker-bits", "2", "--time-bits", "46", *ONE_HOP)
+    if store == "etcd":
+        args = (*args, *etcd_args(request.getfixturevalue("etcd"), "giveback"))
+    a = nodes.start("a", workers=2, args=args)
+    a.wait_ready()
+    wait_for(lambda: own(a).get("ready"), 20, what="a's own worker ID")
+    (a_broker_id,) = own_ids(a)
+    with a.client() as c:
+        before = c.reserve(1)[0].first
+    assert four.decompose(before).worker == a_broker_id
+    b = nodes.start("b", workers=2, args=args, state_dir=a.state_dir if store == "embedded" else None)
+    b.wait_ready(2, timeout_s=30)  # both of b's workers hold a worker ID
+    status = own(a)
+    assert own_ids(a) == [] and status["gave_back"] == 1, status
+    assert "inline_gave_back" in a.log() and own_ids(b) == []  # none left for b's broker either
+    assert a_broker_id in workers_ids(b)
+    with b.client() as c:
+        later = [blk for _ in range(20) for blk in c.reserve(1)]
+    assert all(blk.first > before for blk in later if four.decompose(blk.first).worker == a_broker_id)
+    with a.client() as c:  # a serves on, its small requests now through its workers
+        assert len(c.reserve(1)) == 1

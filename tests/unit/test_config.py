@@ -238,5 +238,5 @@ def test_broker_mint_max_ids_outside_0_to_4096_is_refused_by_name(value):
         cfg.Config(broker_mint_max_ids=value)
 
 
-def test_the_broker_mints_nothing_itself_unless_asked():
-    assert cfg.Config().broker_mint_max_ids == 0 and cfg.Config(broker_mint_max_ids=64).broker_mint_max_ids == 64
+def test_the_broker_mints_small_requests_itself_unless_told_not_to():
+    assert cfg.Config().broker_mint_max_ids == 64 and cfg.Config(broker_mint_max_ids=0).broker_mint_max_ids == 0

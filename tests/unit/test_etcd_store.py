@@ -54,6 +54,17 @@ def test_without_a_preference_the_lowest_free_worker_id_is_taken_and_claims_are_
     assert claim(b, preferred=1).worker_id == 3  # the preferred one is taken: the free one
 
 
+def test_unheld_counts_the_worker_ids_no_live_lease_holds(etcd):
+    a, b = etcd.store(), etcd.store()
+    assert a.unheld() == 4
+    claim(a, holder="a"), claim(b, holder="b")
+    assert a.unheld() == b.unheld() == 2
+    a.passed_over[3] = "its mark is unreadable"  # a claim could not take it either
+    assert a.unheld() == 1
+    etcd.elapse_s(TTL_S + 1)  # neither lease is renewed: both lapse
+    assert b.unheld() == 4
+
+
 def test_a_worker_id_claimed_by_another_node_since_it_was_seen_free_is_not_claimed_twice(etcd):
     mine, theirs = etcd.store(), etcd.store()
     raced = []

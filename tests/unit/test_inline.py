@@ -9,7 +9,8 @@ import time
 import pytest
 
 from snowfence.config import Config
-from snowfence.workers.inline import InlineMinter
+from snowfence.workers import inline as inline_mod
+from snowfence.workers.inline import CLAIM, GIVE_BACK, KEEP, WAIT, InlineMinter, spare_rule
 from snowfence.workers.main import open_store
 
 
@@ -126,3 +127,80 @@ def test_a_failure_on_its_thread_leaves_nothing_in_rotation_and_requests_go_to_w
     im.core.tick = broken  # the next turn of its thread fails
     assert until(lambda: not im._thread.is_alive())
     assert im.mint(1) is None and im.declined["not_ready"] >= 1
+
+
+# -- workers come first: the spare worker ID ------------------------------------------------------
+
+
+def test_the_spare_rule_keeps_one_worker_id_free_for_workers():
+    assert spare_rule(holding=False, free=2, settled=True) == CLAIM  # one stays free after its claim
+    assert spare_rule(holding=False, free=1, settled=True) == WAIT  # the last free one is for a worker
+    assert spare_rule(holding=False, free=5, settled=False) == WAIT  # its own workers first
+    assert spare_rule(holding=False, free=None, settled=True) == WAIT  # a count that failed: nothing known
+    assert spare_rule(holding=True, free=1, settled=True) == KEEP
+    assert spare_rule(holding=True, free=0, settled=False) == GIVE_BACK  # a worker somewhere needs one
+    assert spare_rule(holding=True, free=None, settled=True) == KEEP  # etcd away: its lease says the rest
+
+
+def test_the_file_store_counts_unheld_worker_ids_by_their_witnesses(tmp_path):
+    config = Config(state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", worker_bits=2, time_bits=46)
+    store, other = open_store(config), open_store(config)
+    assert store.unheld() == 4
+    leases = [other.claim(None, "w", 0, 1000) for _ in range(3)]
+    assert store.unheld() == 1
+    store.passed_over[3] = "its mark is damaged"
+    assert store.unheld() == 0
+    store.passed_over.clear()
+    leases[0].abandon()  # its process let go: the kernel's witness with it
+    assert store.unheld() == 2
+    assert other.claim(None, "w", 0, 1000) is not None  # counting took nothing from a claimer
+
+
+@pytest.fixture
+def quick_counts(monkeypatch):
+    monkeypatch.setattr(inline_mod, "SPARE_CHECK_S", 0.05)
+
+
+def test_it_claims_only_while_another_worker_id_stays_free_and_gives_its_own_back_when_none_does(
+    inline, quick_counts, tmp_path
+):
+    # Four worker IDs; two held by "workers" (another store on the same state directory).
+    im, _ = inline(worker_bits=2, time_bits=46)
+    workers = open_store(im.config)
+    held = [workers.claim(None, f"worker-{i}", 0, 1000) for i in range(2)]
+    assert until(lambda: ready(im))
+    mine = im.core.held[0].lease.worker_id
+    first, _ = im.mint(1)
+    assert im.free == 1 or until(lambda: im.free == 1)
+    # A worker takes the last free one (a new node's, or one restarted while its old
+    # lease lingers): the broker gives its own back, its mark lowered to what it used.
+    held.append(workers.claim(None, "worker-2", 0, 1000))
+    assert until(lambda: not im.core.held and im.gave_back == 1)
+    assert im.mint(1) is None
+    mark_ms, _ = workers.read_mark(mine)
+    assert mark_ms == im.config.layout.ms_of(first)  # the next owner waits for nothing
+    fourth = workers.claim(None, "worker-3", 0, 1000)
+    assert fourth is not None and fourth.worker_id == mine
+    time.sleep(0.3)
+    assert not im.core.held  # no worker ID free: it waits
+    fourth.release(0)
+    time.sleep(0.3)
+    assert not im.core.held  # one free: that one is for workers
+    held.pop().release(0)
+    assert until(lambda: ready(im))  # two free: it takes one, one stays free
+    assert until(lambda: im.snapshot(time.monotonic_ns()) is not None)
+    assert im.describe()["gave_back"] == 1 and im.describe()["region_unheld"] in (1, 2)
+
+
+def test_a_count_that_fails_changes_nothing(inline, quick_counts):
+    from snowfence.errors import EtcdUnavailable
+
+    im, _ = inline()
+    assert until(lambda: ready(im))
+
+    def away():
+        raise EtcdUnavailable("scripted")
+
+    im.store.unheld = away
+    time.sleep(0.3)
+    assert im.free is None and ready(im) and im.gave_back == 0

@@ -536,6 +536,16 @@ class EtcdStore(Connection, Store):
     def taken(self) -> set[int]:
         return self._read_region()
 
+    def unheld(self) -> int:
+        held = set()
+        for _, meta in self.client.get_prefix(f"{self.prefix}workers/{self.region}/", keys_only=True):
+            place = keys.place(meta.key, self.prefix + "workers/")
+            if place is not None and place[0] == self.region:
+                held.add(place[1])
+        return sum(1 for w in range(self.layout.max_worker + 1) if w not in held and w not in self.passed_over)
+
+    unheld = etcd_call(unheld)
+
     def candidates(self) -> Iterator[int]:
         taken = self.taken()
         return iter([w for w in range(self.layout.max_worker + 1) if w not in taken])

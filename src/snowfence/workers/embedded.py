@@ -686,6 +686,20 @@ class FileStore(Store):
             raise StateDirError(f"cannot lock {lock_path}: {exc.strerror or exc}") from None
         return fd
 
+    def unheld(self) -> int:
+        """Counted by the kernel's witnesses, as claims decide "held": a worker ID whose
+        witness name is free has no live holder. (A claimer that tries a name in the instant
+        this holds it passes over that worker ID once, as for any held one, and tries again.)"""
+        free = 0
+        for worker_id in range(self.layout.max_worker + 1):
+            if worker_id in self.passed_over:
+                continue
+            witness = self._bind_witness(worker_id)
+            if witness is not None:
+                witness.close()
+                free += 1
+        return free
+
     def _bind_witness(self, worker_id: int) -> socket.socket | None:
         """The kernel's witness that this process holds ``worker_id``; None if a live process holds it."""
         name = f"\0{self._witness_prefix}:{self.region}:{worker_id}"

@@ -19,11 +19,17 @@ Every guard is the minter's, as in a worker: a request minted here passed the
 fence, the clock rules and the reservation on this call. A refusal moves the
 worker ID's state as in a worker; the request then goes to a worker.
 
-It never takes a worker ID from its own workers: it claims only once every
-worker of the node reports all of its own worker IDs held (``workers_settled``),
-so a region sized for the workers leaves it without one (its claims fail
-quietly, and every request goes to a worker, as before). It keeps a worker ID it
-holds until the node stops.
+Workers come first. It claims only once every worker of the node reports all
+of its own worker IDs held (``workers_settled``), and only while the region has
+more than ``SPARE`` worker IDs no one holds; and it gives its own back (lowering
+its mark to the last millisecond used, so the next owner waits for nothing) as
+soon as none is left, so that a worker anywhere in the region (one restarted
+while its old lease lingers, one of a node that joined) finds one within
+``SPARE_CHECK_S`` or so. It counts the region's unheld worker IDs
+(:meth:`~snowfence.workers.lease.Store.unheld`) every ``SPARE_CHECK_S``,
+jittered so that the brokers of a cluster do not count in step, off the lock the
+loop mints under. A region sized for the workers alone leaves it without one:
+every request then goes to a worker, as with ``broker_mint_max_ids`` 0.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import random
 import socket
 import threading
 import time
@@ -50,6 +57,22 @@ _mono = time.monotonic_ns
 
 #: The slot the broker's own worker ID reports under (workers have 0..workers-1).
 SLOT = -1
+#: Worker IDs of the region the broker leaves free for workers: it claims only while more
+#: than this many are unheld, and gives its own back when none is.
+SPARE = 1
+#: How often it counts the region's unheld worker IDs (jittered by a quarter either way).
+SPARE_CHECK_S = 2.0
+
+KEEP, GIVE_BACK, CLAIM, WAIT = "keep", "give_back", "claim", "wait"
+
+
+def spare_rule(holding: bool, free: int | None, settled: bool) -> str:
+    """What the broker's own worker ID does once it has counted ``free`` unheld worker IDs in
+    its region (None: the count failed, and nothing is known): keep the one it holds, give
+    it back, claim one, or wait. ``settled``: every worker of the node holds its own."""
+    if holding:
+        return GIVE_BACK if free == 0 else KEEP
+    return CLAIM if settled and free is not None and free > SPARE else WAIT
 
 
 def _no_wait_minter(*args, **kwargs) -> Minter:
@@ -89,6 +112,13 @@ class InlineMinter:
         #: Requests handed to a worker instead, by why (the core's lock was taken,
         #: the minter would have waited, it refused, nothing is held).
         self.declined: collections.Counter = collections.Counter()
+        #: The region's unheld worker IDs at the last count (None: not counted yet, or
+        #: the count failed), when to count next, and how often it gave its own back.
+        self.free: int | None = None
+        self._next_count_ns = 0
+        self.gave_back = 0
+        self._settled = False
+        self._rng = random.Random()
 
     # -- the broker ---------------------------------------------------------------------
 
@@ -157,7 +187,13 @@ class InlineMinter:
         handed to workers; None if it never started."""
         if self.last_state is None:
             return None
-        return {**self.last_state.to_dict(), "max_ids": self.max_ids, "declined": dict(self.declined)}
+        return {
+            **self.last_state.to_dict(),
+            "max_ids": self.max_ids,
+            "declined": dict(self.declined),
+            "region_unheld": self.free,
+            "gave_back": self.gave_back,
+        }
 
     def worker_ids(self) -> list[int]:
         state = self.last_state
@@ -206,13 +242,18 @@ class InlineMinter:
         wait_s = TICK_NS / 1e9
         try:
             while not self._stop.wait(wait_s):
+                settled = self._workers_settled()
+                if settled and not self._settled:
+                    self._next_count_ns = 0  # the node's workers hold theirs now: count at once
+                self._settled = settled
+                counted = self._count(time.monotonic_ns())  # a store call: off the lock
                 with self._lock:
                     if self._stop.is_set():
                         return
                     # The broker is this process: it never falls silent to its own core.
                     core.heard = True
-                    if not core.held:
-                        core.ids_wanted = 1 if self._workers_settled() else 0
+                    if counted:
+                        self._follow_rule(settled)
                     core.tick(time.monotonic_ns())
                     if core.stopping:
                         # A configuration it cannot use (a layout mismatch, a state
@@ -228,3 +269,35 @@ class InlineMinter:
             log.exception("the broker's own worker ID failed; requests all go to workers")
             with self._lock:
                 core.ready = []
+
+    def _count(self, now_ns: int) -> bool:
+        """Count the region's unheld worker IDs, when it is time to; whether it counted."""
+        if now_ns < self._next_count_ns:
+            return False
+        self._next_count_ns = now_ns + int(SPARE_CHECK_S * 1e9 * self._rng.uniform(0.75, 1.25))
+        store = self.store
+        try:
+            if store.genesis is None:
+                store.check_layout(self.config.layout)  # as a claim would first
+            self.free = store.unheld()
+        except SnowfenceError:  # etcd away, a layout it cannot use: its own claims will say
+            self.free = None
+        return True
+
+    def _follow_rule(self, settled: bool) -> None:
+        """After a count (under the lock): keep, give back, claim or wait (:func:`spare_rule`)."""
+        core = self.core
+        action = spare_rule(bool(core.held), self.free, settled)
+        if action == GIVE_BACK:
+            worker_ids = ", ".join(str(h.lease.worker_id) for h in core.held)
+            core.release_all()
+            self.gave_back += 1
+            event(
+                log,
+                "inline_gave_back",
+                f"the broker gave its own worker ID {worker_ids} back: no other worker ID of region "
+                f"{self.config.region} is free, and workers come first",
+                level=logging.WARNING,
+                worker_id=worker_ids,
+            )
+        core.ids_wanted = 1 if action in (CLAIM, KEEP) else 0

@@ -121,6 +121,12 @@ class Store:
         """Worker IDs worth trying, in order."""
         raise NotImplementedError
 
+    def unheld(self) -> int:
+        """How many of the region's worker IDs no live holder has now, less those the last
+        claim pass passed over: what a claim could find (the broker's own worker ID keeps
+        one of them free for workers; see ``workers/inline.py``)."""
+        raise NotImplementedError
+
     def describe(self) -> dict:
         return {}
 
