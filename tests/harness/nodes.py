@@ -131,12 +131,16 @@ class Node:
         return [w for w in self.status()["workers"] if w.get("in_rotation")]
 
     def wait_ready(self, count: int | None = None, timeout_s: float = 20.0) -> list[dict]:
+        """Until ``count`` workers are in rotation and the broker's own worker ID has
+        settled (see :func:`own_settled`): what a test then reads of the node holds still."""
         count = self.workers if count is None else count
-        return wait_for(
-            lambda: (lambda r: r if len(r) >= count else None)(self.ready_workers()),
-            timeout_s,
-            what=f"{count} ready workers on {self.name}; log:\n{self.log_tail()}",
-        )
+
+        def ready() -> list[dict] | None:
+            status = self.status()
+            workers = [w for w in status["workers"] if w.get("in_rotation")]
+            return workers if len(workers) >= count and own_settled(status) else None
+
+        return wait_for(ready, timeout_s, what=f"{count} ready workers on {self.name}; log:\n{self.log_tail()}")
 
     def worker_pids(self) -> list[int]:
         return sorted({w["pid"] for w in self.status()["workers"] if w.get("pid")})
@@ -217,6 +221,20 @@ def loadgen(endpoint: str, total: int, out, seed: int, deadline_s: float = 60.0)
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+def own_settled(status: dict) -> bool:
+    """Whether the broker's own worker ID (for small requests) has settled in a STATUS:
+    off, held, or left to workers (its last count found no worker ID to spare). It claims
+    one shortly after the node's workers hold theirs, and STATUS shows it a little later."""
+    broker = status["broker"]
+    if not broker.get("mints_up_to"):
+        return True
+    own = broker.get("own_worker_id")
+    if own is None:
+        return False
+    unheld = own.get("region_unheld")
+    return bool(own.get("held")) or (unheld is not None and unheld <= 1)
 
 
 #: A node whose every request goes to a worker (two hops), said explicitly: for tests of

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 import zmq
+import zmq.backend
 
 from .. import protocol
 from ..config import Config
@@ -43,11 +45,64 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("snowfence.broker")
 
-LOOP_TICK_MS = 50
+LOOP_TICK_S = 0.05
 HOUSEKEEPING_NS = 10_000_000
 #: How often STATUS and the metrics get a new state of the broker's own worker ID.
 INLINE_SNAPSHOT_NS = 100_000_000
 PEER_INTERVAL_S = 1.0
+
+
+# Read on the loop's every look at its ZeroMQ sockets: the Cython method, and ints (the
+# enums' & costs microseconds).
+_get = zmq.backend.Socket.get
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
+
+class Readiness:
+    """The loop's descriptors in one epoll set: plain sockets (the fast port's, the
+    wake-up pair) by their own descriptors, ZeroMQ sockets by their ``ZMQ_FD``.
+
+    A ZeroMQ socket's descriptor only says "read ZMQ_EVENTS": it is edge-triggered,
+    and a send or receive on the socket may use up its edge. So the loop reads the
+    EVENTS of its ZeroMQ sockets whenever one's descriptor fired or anything may have
+    been sent or received on one since it last read them, and only then. A turn that
+    touched none (a fast port's request that the broker minted itself) costs one
+    ``epoll_wait``, where ``zmq.Poller`` would also poll each ZeroMQ socket's
+    mailbox twice and read its pid twice on every turn."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        #: The ZeroMQ sockets by their descriptors.
+        self.zmq_fds: dict[int, zmq.Socket] = {}
+
+    def add_zmq(self, sock: zmq.Socket) -> None:
+        fd = sock.getsockopt(zmq.FD)
+        self.zmq_fds[fd] = sock
+        self._epoll.register(fd, select.EPOLLIN)
+
+    def remove_zmq(self, sock: zmq.Socket) -> None:
+        for fd, known in list(self.zmq_fds.items()):
+            if known is sock:
+                del self.zmq_fds[fd]
+                self.unwatch(fd)
+
+    def watch(self, fd: int, writable: bool) -> None:
+        """Watch a plain descriptor for reading, and for writing too if ``writable``."""
+        mask = select.EPOLLIN | select.EPOLLOUT if writable else select.EPOLLIN
+        try:
+            self._epoll.modify(fd, mask)
+        except FileNotFoundError:
+            self._epoll.register(fd, mask)
+
+    def unwatch(self, fd: int) -> None:
+        self._epoll.unregister(fd)
+
+    def poll(self, timeout_s: float) -> list[tuple[int, int]]:
+        return self._epoll.poll(timeout_s)
+
+    def close(self) -> None:
+        self._epoll.close()
 
 
 def spawn_worker(config: Config, slot: int, backend: str) -> subprocess.Popen:
@@ -211,77 +266,104 @@ class Node:
 
     def loop(self, wake: socket.socket) -> None:
         router, sup, peers = self.router, self.supervisor, self.peers
-        routing = router.core
-        poller = zmq.Poller()
-        poller.register(router.backend, zmq.POLLIN)
-        poller.register(router.frontend, zmq.POLLIN)
-        poller.register(wake, zmq.POLLIN)
+        ready = Readiness()
         backend, frontend, wake_fd = router.backend, router.frontend, wake.fileno()
+        ready.add_zmq(backend)
+        ready.add_zmq(frontend)
         if peers is not None:
             for sock in peers.sockets:
-                poller.register(sock, zmq.POLLIN)
+                ready.add_zmq(sock)
+        ready.watch(wake_fd, False)
         fast = router.fast
         fast_fds: dict = {}
         if fast is not None:
             fast_fds = fast.by_fd
-
-            def watch(fd: int, writable: bool) -> None:
-                poller.register(fd, zmq.POLLIN | zmq.POLLOUT if writable else zmq.POLLIN)
-
-            fast.watch, fast.unwatch = watch, poller.unregister
-            poller.register(fast.listen_fd, zmq.POLLIN)
+            fast.watch, fast.unwatch = ready.watch, ready.unwatch
+            ready.watch(fast.listen_fd, False)
         listen_fd = fast.listen_fd if fast is not None else None
-        pollout = int(zmq.POLLOUT)  # an int: the enum's & costs microseconds
+        zmq_fds = ready.zmq_fds
+        epollout = select.EPOLLOUT
         next_housekeeping_ns = 0
-        while True:
-            for sock, ready in poller.poll(LOOP_TICK_MS):
-                if sock is backend:
-                    router.on_backend()
-                elif sock is frontend:
-                    router.on_frontend()
-                elif sock in fast_fds or sock == listen_fd:
-                    if ready & pollout:
-                        fast.on_writable(sock)
-                    if ready & ~pollout:
-                        fast.on_readable(sock)
-                elif peers is not None and sock in peers.sockets:
-                    peers.on_readable(sock)
-                elif sock is wake or sock == wake_fd:
-                    try:
-                        while wake.recv(512):
+        # Whether a ZeroMQ socket may have messages its descriptor did not announce (see
+        # Readiness): true after any send or receive on one, and once its descriptor fires.
+        stale = True
+        try:
+            while True:
+                timeout_s = LOOP_TICK_S
+                if stale:
+                    stale = False
+                    if _get(backend, _EVENTS) & _POLLIN:
+                        router.on_backend()
+                        stale = True
+                    if _get(frontend, _EVENTS) & _POLLIN:
+                        router.on_frontend()
+                        stale = True
+                    if peers is not None:
+                        for sock in list(peers.sockets):
+                            if _get(sock, _EVENTS) & _POLLIN:
+                                peers.on_readable(sock)
+                                stale = True
+                    if stale:
+                        timeout_s = 0  # the other descriptors' turn, then look again
+                for fd, events in ready.poll(timeout_s):
+                    if fd in fast_fds or fd == listen_fd:
+                        if events & epollout:
+                            fast.on_writable(fd)
+                        if events & ~epollout:
+                            fast.on_readable(fd)
+                    elif fd in zmq_fds:
+                        stale = True
+                    elif fd == wake_fd:
+                        try:
+                            while wake.recv(512):
+                                pass
+                        except BlockingIOError:
                             pass
-                    except BlockingIOError:
-                        pass
-            if sup.signals:
-                sup.dispatch()
-            # Timers, at most every HOUSEKEEPING_NS: under load the loop above turns
-            # thousands of times a second and must not pay for them each time.
-            now_ns = time.monotonic_ns()
-            if now_ns < next_housekeeping_ns:
-                continue
-            next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
-            self.loop_ns = now_ns
-            if self.inline is not None and now_ns >= self._next_inline_ns:
-                # Every INLINE_SNAPSHOT_NS, not every turn: describing it costs the loop ~0.1 ms.
-                state = self.inline.snapshot(now_ns)
-                if state is not None:
-                    self._next_inline_ns = now_ns + INLINE_SNAPSHOT_NS
-                    self.metrics.observe(b"inline", state)
-            if not sup.tick(now_ns, routing.heard):
-                return
-            routing.tick(now_ns)
-            if now_ns >= self._next_membership_ns:
-                self._next_membership_ns = now_ns + int(PEER_INTERVAL_S * 1e9)
-                self.follow_membership(poller)
-            if peers is not None:
-                peers.tick(now_ns)
-                if peers.veto != routing.veto:
-                    if peers.veto:
-                        event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
-                    else:
-                        event(log, "rejoined", "clock agrees with the cluster again")
-                    routing.veto = peers.veto
-            self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
+                if router.zmq_used:  # a fast port's request went to a worker, say
+                    router.zmq_used = False
+                    stale = True
+                if sup.signals:
+                    sup.dispatch()
+                    stale = True
+                # Timers, at most every HOUSEKEEPING_NS: under load the loop above turns
+                # thousands of times a second and must not pay for them each time.
+                now_ns = time.monotonic_ns()
+                if now_ns < next_housekeeping_ns:
+                    continue
+                next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
+                stale = True  # the timers below send on ZeroMQ sockets
+                if not self.housekeeping(now_ns, ready):
+                    return
+        finally:
+            ready.close()
+
+    def housekeeping(self, now_ns: int, ready: Readiness) -> bool:
+        """The timers: the supervisor's, the routing core's, the peers' and the metrics'.
+        False once the supervisor says the node has stopped."""
+        sup, routing, peers = self.supervisor, self.router.core, self.peers
+        self.loop_ns = now_ns
+        if self.inline is not None and now_ns >= self._next_inline_ns:
+            # Every INLINE_SNAPSHOT_NS, not every turn: describing it costs the loop ~0.1 ms.
+            state = self.inline.snapshot(now_ns)
+            if state is not None:
+                self._next_inline_ns = now_ns + INLINE_SNAPSHOT_NS
+                self.metrics.observe(b"inline", state)
+        if not sup.tick(now_ns, routing.heard):
+            return False
+        routing.tick(now_ns)
+        if now_ns >= self._next_membership_ns:
+            self._next_membership_ns = now_ns + int(PEER_INTERVAL_S * 1e9)
+            self.follow_membership(ready)
+        if peers is not None:
+            peers.tick(now_ns)
+            if peers.veto != routing.veto:
+                if peers.veto:
+                    event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
+                else:
+                    event(log, "rejoined", "clock agrees with the cluster again")
+                routing.veto = peers.veto
+        self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
+        return True
 
     def start_inline(self) -> None:
         """The broker's own worker ID: claimed on a thread of its own once every worker
@@ -335,7 +417,7 @@ class Node:
             return {"cluster": None, "nodes": [own], "fast_port": fast}
         return {"cluster": self.config.cluster, "nodes": self.membership.view(own), "fast_port": fast}
 
-    def follow_membership(self, poller: zmq.Poller) -> None:
+    def follow_membership(self, ready: Readiness) -> None:
         """Publish our entry; measure clocks against every other registered node."""
         if self.membership is None:
             return
@@ -349,12 +431,13 @@ class Node:
             and protocol.endpoint_problem(n["endpoints"][0]) is None  # etcd contents are input too
         ]
         peers = self.peers
-        before = set(peers.sockets)
-        if peers.set_peers([*self.config.peers, *others]):
-            for sock in before - set(peers.sockets):
-                poller.unregister(sock)
-            for sock in set(peers.sockets) - before:
-                poller.register(sock, zmq.POLLIN)
+        # set_peers closes the sockets of peers that left, and a descriptor a closed one
+        # gave up may come back as a new one's: every peer leaves the epoll set first.
+        for sock in peers.sockets:
+            ready.remove_zmq(sock)
+        peers.set_peers([*self.config.peers, *others])
+        for sock in peers.sockets:
+            ready.add_zmq(sock)
 
     def describe(self) -> dict:
         """The broker's part of STATUS."""

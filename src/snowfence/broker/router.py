@@ -68,6 +68,9 @@ class Router:
         #: the sockets, for close() after a failed start.
         self.fast: FastPort | None = None
         self._fast_send = _no_fast_port
+        #: Set on every send on a ZeroMQ socket outside the loop's reads of them (the loop
+        #: reads and clears it: it must then look at the sockets' events again).
+        self.zmq_used = False
         self.frontend = ctx.socket(zmq.ROUTER)
         self.backend = ctx.socket(zmq.ROUTER)
         #: The socket file of an ipc:// frontend: libzmq leaves it behind, close() removes it.
@@ -181,6 +184,7 @@ class Router:
             self._fast_send(addr, reply)
             return
         front = self.frontend
+        self.zmq_used = True
         _send(front, addr, _SNDMORE)
         if meta & _META_DELIMITED:
             _send(front, b"", _SNDMORE)
@@ -208,6 +212,7 @@ class Router:
         Never blocks: the backend has no high-water mark, so a send fails only
         for a worker that has disconnected."""
         back = self.backend
+        self.zmq_used = True
         try:
             _send(back, ident, _SNDMORE_NOBLOCK)
             _send(back, frame, _NOBLOCK)
