@@ -6,6 +6,7 @@ sockets in test_routing.py; this is only the wiring."""
 from __future__ import annotations
 
 import itertools
+import select
 
 import zmq
 
@@ -85,4 +86,45 @@ def test_frames_in_and_out_and_a_multi_frame_request_is_refused_with_bad_request
         for s in socks:
             s.close(0)
         router.close()
+        ctx.term()
+
+
+def test_the_loops_epoll_set_sees_zeromq_messages_by_their_descriptor_and_plain_ones_by_theirs():
+    import socket as pysocket
+
+    from snowfence.broker.main import _EVENTS, _POLLIN, Readiness, _get
+
+    ctx = zmq.Context()
+    n = next(_names)
+    inbox, outbox = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    inbox.bind(f"inproc://ready-{n}")
+    outbox.connect(f"inproc://ready-{n}")
+    plain_r, plain_w = pysocket.socketpair()
+    ready = Readiness()
+    try:
+        ready.add_zmq(inbox)
+        ready.watch(plain_r.fileno(), False)
+        assert not _get(inbox, _EVENTS) & _POLLIN  # nothing there yet (reading EVENTS clears the descriptor)
+        outbox.send(b"one")
+        outbox.send(b"two")
+        fired = dict(ready.poll(1.0))
+        assert set(fired) <= set(ready.zmq_fds) and fired, "a message wakes the loop by ZMQ_FD"
+        assert _get(inbox, _EVENTS) & _POLLIN and inbox.recv() == b"one"
+        # The receive took the descriptor's edge: the second message is there, and only
+        # the socket's events say so. This is why the loop reads them after any receive.
+        assert dict(ready.poll(0)).keys().isdisjoint(ready.zmq_fds)
+        assert _get(inbox, _EVENTS) & _POLLIN and inbox.recv() == b"two"
+        plain_w.send(b"x")
+        assert dict(ready.poll(1.0)) == {plain_r.fileno(): select.EPOLLIN}
+        ready.watch(plain_r.fileno(), True)  # again: modified, not registered twice
+        assert select.EPOLLOUT & dict(ready.poll(1.0))[plain_r.fileno()]
+        ready.unwatch(plain_r.fileno())
+        ready.remove_zmq(inbox)
+        assert not ready.zmq_fds and ready.poll(0) == []
+    finally:
+        ready.close()
+        plain_r.close()
+        plain_w.close()
+        inbox.close(0)
+        outbox.close(0)
         ctx.term()

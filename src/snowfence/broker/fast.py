@@ -68,7 +68,7 @@ class FastPort:
     ``admit`` and ``other`` are the routing core's (:meth:`Routing.admit`,
     :meth:`Routing.slow_request`); ``counters`` its counters, which count the fast
     port's requests with the rest. ``watch(fd, writable)`` and ``unwatch(fd)``
-    register descriptors with the loop's poller."""
+    register descriptors with the loop's epoll set."""
 
     def __init__(
         self,

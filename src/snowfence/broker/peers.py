@@ -45,7 +45,7 @@ class PeerClocks:
 
     def set_peers(self, peers: list[str]) -> bool:
         """Measure against exactly ``peers`` from now on (a node's membership changes);
-        True if the set of sockets changed (the caller's poller must follow)."""
+        True if the set of sockets changed (the caller's epoll set must follow)."""
         wanted = list(dict.fromkeys(peers))
         have = {ep: sock for sock, ep in self.sockets.items()}
         if set(wanted) == set(have):
