@@ -18,7 +18,10 @@ Each round measures, one after the other in this process, for ``--duration`` s e
   redis-py's asyncio client, likewise (uvloop if installed).
 
 Rounds interleave the variants; the table shows the median over rounds of each
-round's p50 and p99. The nodes are started by this script (``snowfence serve`` on
+round's p50 and p99. Then, head to head, each snowfence client and its redis-py
+counterpart alternate one call each for ``--duration`` s per round, so that both meet
+the same moment's noise (from one variant's turn to the next, a p99 on a virtual
+machine moves by tens of microseconds). The nodes are started by this script (``snowfence serve`` on
 free ports, their defaults otherwise), as are Redis (Debian's ``redis-server``) and
 the echo; all are stopped at the end. Needs ``pip install -e '.[bench]'`` (redis-py
 uses hiredis, its faster parser, when that is installed: the table says which).
@@ -112,6 +115,64 @@ async def atimed(call, duration_s: float) -> dict:
         await call()
         out.append(clock() - t0)
     return quantiles(out)
+
+
+def alternating(calls: dict, duration_s: float) -> dict:
+    """Each call in turn, one at a time, for ``duration_s``: every call meets the same
+    moment's noise as the others (a round of one variant after another does not)."""
+    for _ in range(200):
+        for call in calls.values():
+            call()
+    out: dict[str, list[int]] = {name: [] for name in calls}
+    pairs = [(out[name], call) for name, call in calls.items()]
+    end = time.monotonic() + duration_s
+    clock = time.perf_counter_ns
+    while time.monotonic() < end:
+        for samples, call in pairs:
+            t0 = clock()
+            call()
+            samples.append(clock() - t0)
+    return {name: quantiles(samples) for name, samples in out.items()}
+
+
+async def aalternating(calls: dict, duration_s: float) -> dict:
+    for _ in range(200):
+        for call in calls.values():
+            await call()
+    out: dict[str, list[int]] = {name: [] for name in calls}
+    pairs = [(out[name], call) for name, call in calls.items()]
+    end = time.monotonic() + duration_s
+    clock = time.perf_counter_ns
+    while time.monotonic() < end:
+        for samples, call in pairs:
+            t0 = clock()
+            await call()
+            samples.append(clock() - t0)
+    return {name: quantiles(samples) for name, samples in out.items()}
+
+
+def head_to_head(endpoint: str, redis_port: int, duration_s: float) -> dict:
+    import redis
+
+    r = redis.Redis(host="127.0.0.1", port=redis_port)
+    with Client(endpoint, timeout_s=5.0) as client:
+        try:
+            return alternating({"snowfence": lambda: client.reserve(1), "redis": lambda: r.incr("id")}, duration_s)
+        finally:
+            r.close()
+
+
+async def ahead_to_head(endpoint: str, redis_port: int, duration_s: float) -> dict:
+    import redis.asyncio as aredis
+
+    r = aredis.Redis(host="127.0.0.1", port=redis_port)
+    async with AsyncClient(endpoint, timeout_s=5.0) as client:
+        try:
+            return await aalternating(
+                {"snowfence": lambda: client.reserve(1), "redis": lambda: r.incr("id")}, duration_s
+            )
+        finally:
+            await r.aclose()
 
 
 def snowfence_client(endpoint: str, duration_s: float) -> dict:
@@ -302,6 +363,21 @@ def main() -> None:
                 results[name].append(r)
                 line = f"run {run} {name:52s} p50 {r['p50']:7.0f}  p99 {r['p99']:7.0f} us  ({r['n']:,} calls)"
                 print(line, flush=True)
+        # Head to head: snowfence's client and redis-py's, one call each in turn.
+        pairs = {
+            "blocking: Client.reserve(1) / redis-py INCR": lambda: head_to_head(fast_ep, redis_port, args.duration),
+            "asyncio: AsyncClient.reserve(1) / redis-py asyncio INCR": lambda: run_async(
+                ahead_to_head(fast_ep, redis_port, args.duration)
+            ),
+        }
+        duels: dict[str, list[dict]] = {name: [] for name in pairs}
+        for run in range(1, args.runs + 1):
+            for name, fn in pairs.items():
+                r = fn()
+                duels[name].append(r)
+                s_, r_ = r["snowfence"], r["redis"]
+                quant = f"p50 {s_['p50']:5.0f} / {r_['p50']:5.0f}  p99 {s_['p99']:5.0f} / {r_['p99']:5.0f} us"
+                print(f"run {run} {name:56s} {quant}", flush=True)
         print(f"\n{args.runs} rounds of {args.duration:g} s each, interleaved; medians of each round's quantiles\n")
         print("| one ID per round trip | p50 us | p99 us | p50 per round | p99 per round |")
         print("|---|---|---|---|---|")
@@ -310,6 +386,16 @@ def main() -> None:
             print(
                 f"| {name} | {median(p50s):,.0f} | {median(p99s):,.0f} | "
                 f"{', '.join(f'{v:,.0f}' for v in p50s)} | {', '.join(f'{v:,.0f}' for v in p99s)} |"
+            )
+        print("\nHead to head: one call of each in turn, the default node's fast port against Redis; us\n")
+        print("| clients | p50 snowfence / Redis | p99 snowfence / Redis | p99 per round, snowfence / Redis |")
+        print("|---|---|---|---|")
+        for name, rs in duels.items():
+            med = {k: {q: median([r[k][q] for r in rs]) for q in ("p50", "p99")} for k in ("snowfence", "redis")}
+            rounds = ", ".join(f"{r['snowfence']['p99']:,.0f} / {r['redis']['p99']:,.0f}" for r in rs)
+            print(
+                f"| {name} | {med['snowfence']['p50']:,.0f} / {med['redis']['p50']:,.0f} "
+                f"| {med['snowfence']['p99']:,.0f} / {med['redis']['p99']:,.0f} | {rounds} |"
             )
     finally:
         for p in procs:

@@ -47,8 +47,6 @@ log = logging.getLogger("snowfence.broker")
 
 LOOP_TICK_S = 0.05
 HOUSEKEEPING_NS = 10_000_000
-#: How often STATUS and the metrics get a new state of the broker's own worker ID.
-INLINE_SNAPSHOT_NS = 100_000_000
 PEER_INTERVAL_S = 1.0
 
 
@@ -132,7 +130,6 @@ class Node:
         #: This node's entry in the cluster's membership: what does not change while it runs.
         self.entry: dict = {}
         self._next_membership_ns = 0
-        self._next_inline_ns = 0
         self.notifier: Notifier | None = None
         #: The broker's own worker ID, for small requests (``broker_mint_max_ids``).
         self.inline: InlineMinter | None = None
@@ -342,11 +339,12 @@ class Node:
         False once the supervisor says the node has stopped."""
         sup, routing, peers = self.supervisor, self.router.core, self.peers
         self.loop_ns = now_ns
-        if self.inline is not None and now_ns >= self._next_inline_ns:
-            # Every INLINE_SNAPSHOT_NS, not every turn: describing it costs the loop ~0.1 ms.
+        if self.inline is not None and self.inline.state_due:
+            # As often as a worker sends its STATE (on a change, every heartbeat), not every
+            # turn: describing it and adding it up costs the loop ~0.1-0.2 ms, which a
+            # single-ID client whose request arrives meanwhile waits for.
             state = self.inline.snapshot(now_ns)
             if state is not None:
-                self._next_inline_ns = now_ns + INLINE_SNAPSHOT_NS
                 self.metrics.observe(b"inline", state)
         if not sup.tick(now_ns, routing.heard):
             return False
@@ -362,7 +360,8 @@ class Node:
                 else:
                     event(log, "rejoined", "clock agrees with the cluster again")
                 routing.veto = peers.veto
-        self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
+        if self.health is not None:  # the snapshot is the HTTP thread's; building one costs ~1 ms
+            self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
         return True
 
     def start_inline(self) -> None:

@@ -123,6 +123,9 @@ class InlineMinter:
         self._next_count_ns = 0
         self.gave_back = 0
         self._settled = False
+        #: Whether its state changed, or a heartbeat's worth of time went by, since the
+        #: broker's loop last took a snapshot (as often as a worker sends its STATE).
+        self.state_due = True
         self._rng = random.Random()
 
     # -- the broker ---------------------------------------------------------------------
@@ -147,7 +150,7 @@ class InlineMinter:
             holder=f"{socket.gethostname()}:{self._pid}:broker",
             store=store,
             preferences=[broker_preference_file(config)],
-            send=lambda frame: None,  # its state is read with describe(), not sent
+            send=self._stated,  # its state is read with snapshot(), not sent
             host_clock=HostClock.watching(config, log),
             now_ns=time.monotonic_ns(),
             loop_ns=self._loop_ns,
@@ -175,6 +178,11 @@ class InlineMinter:
             if self.store is not None:
                 self.store.close()
 
+    def _stated(self, frame: bytes) -> None:
+        """Where a worker's core would send its STATE (on a change, and every heartbeat):
+        the broker's loop takes a snapshot at its next turn (``state_due``)."""
+        self.state_due = True
+
     def snapshot(self, now_ns: int) -> WorkerState | None:
         """Its state as of now (the same type a worker sends), for the metrics and STATUS;
         None while its thread holds the core (a claim in progress): the loop never waits."""
@@ -183,6 +191,7 @@ class InlineMinter:
             return None
         try:
             self.last_state = state = core.describe(now_ns)
+            self.state_due = False
         finally:
             self._lock.release()
         return state
