@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 
 import zmq
 import zmq.backend
@@ -68,25 +69,28 @@ def main() -> int:
     parser.add_argument("--bind", required=True)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    stops = {signal.SIGTERM, signal.SIGINT}
     rundir = tempfile.mkdtemp(prefix="relay-")
     procs = []
     try:
         backend = f"ipc://{rundir}/backend"
+        mp = multiprocessing.get_context("spawn")
+        for i in range(args.workers):  # before the mask below: a worker dies of SIGTERM
+            procs.append(mp.Process(target=worker, args=(backend, 100 + i, args.workers), daemon=True))
+            procs[-1].start()
+        # The proxy runs on a thread of its own, and this one waits for the signal that
+        # ends it: a SIGTERM that lands in zmq.proxy's poll (or on one of libzmq's I/O
+        # threads) does not reliably end the proxy. Blocked here first, the stop
+        # signals stay blocked on every thread started after, and sigwait takes them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
         ctx = zmq.Context()
         front = ctx.socket(zmq.ROUTER)
         front.bind(args.bind)
         back = ctx.socket(zmq.DEALER)
         back.bind(backend)
-        mp = multiprocessing.get_context("spawn")
-        for i in range(args.workers):
-            procs.append(mp.Process(target=worker, args=(backend, 100 + i, args.workers), daemon=True))
-            procs[-1].start()
-        zmq.proxy(front, back)
-    except (KeyboardInterrupt, SystemExit, zmq.ContextTerminated):
-        pass
+        threading.Thread(target=zmq.proxy, args=(front, back), name="proxy", daemon=True).start()
+        signal.sigwait(stops)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         for p in procs:
             p.terminate()
         for p in procs:
