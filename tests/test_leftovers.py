@@ -93,9 +93,9 @@ def inner(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(HARNESS))
     monkeypatch.setenv(GRACE_ENV, "1.5")
 
-    def run(source: str):
+    def run(source: str, *args: str):
         pytester.makepyfile(test_inner=source)
-        return pytester.runpytest_subprocess("-p", "leftovers", "-q", "-p", "no:cacheprovider", timeout=120)
+        return pytester.runpytest_subprocess("-p", "leftovers", "-q", "-p", "no:cacheprovider", *args, timeout=120)
 
     return run
 
@@ -121,8 +121,13 @@ def unmount_after(pytester):
         subprocess.run(["umount", "-l", marker.read_text()], check=False)
 
 
-def test_a_run_that_leaves_things_behind_fails_and_names_each_of_them(inner, pytester, unmount_after):
-    result = inner(LEAKY)
+#: The suite runs in two processes at once (pytest-xdist), as CI runs it, and in one.
+IN_PARALLEL = [pytest.param((), id="serial"), pytest.param(("-n", "2"), id="xdist")]
+
+
+@pytest.mark.parametrize("args", IN_PARALLEL)
+def test_a_run_that_leaves_things_behind_fails_and_names_each_of_them(inner, pytester, unmount_after, args):
+    result = inner(LEAKY, *args)
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
     result.assert_outcomes(passed=6)
@@ -131,6 +136,7 @@ def test_a_run_that_leaves_things_behind_fails_and_names_each_of_them(inner, pyt
     assert re.search(rf"process {child} \(.*\): .*time.sleep\(120\)", out), out
     assert re.search(rf"process {orphan} \(.*\): sleep 120", out), out
     assert f"listening socket 127.0.0.1:{leaked['port']} held by the pytest process" in out, out
+    # Under xdist each worker checks what its own tests started; the run reports it.
     assert f"run directory {leaked['rundir']} of node pid" in out, out
     assert f"etcd data directory {leaked['etcd']}" in out, out
     if "mount" in leaked:
@@ -142,8 +148,9 @@ def test_a_run_that_leaves_things_behind_fails_and_names_each_of_them(inner, pyt
         assert not mounted(leaked["mount"])
 
 
-def test_a_run_whose_processes_exit_within_the_grace_period_passes(inner):
-    result = inner(TIDY)
+@pytest.mark.parametrize("args", IN_PARALLEL)
+def test_a_run_whose_processes_exit_within_the_grace_period_passes(inner, args):
+    result = inner(TIDY, *args)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.assert_outcomes(passed=2)
     assert "left things behind" not in result.stdout.str()

@@ -363,15 +363,30 @@ _check: Check | None = None
 _found: list[tuple[str, object]] = []
 
 
+def _xdist_controller(config) -> bool:
+    """Whether this process hands the tests to pytest-xdist workers and runs none itself:
+    each worker then checks what its own tests started, and reports it here."""
+    return getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session) -> None:
     global _check
-    _check = Check(session.config)
+    if not _xdist_controller(session.config):
+        _check = Check(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """An xdist worker finished: what its check found (see pytest_sessionfinish)."""
+    _found.extend((what, None) for what in getattr(node, "workeroutput", {}).get("leftovers", ()))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest removes the temp dirs of a passing run
 def pytest_sessionfinish(session, exitstatus) -> None:
     global _check
     if _check is None:
+        if _found and session.exitstatus == pytest.ExitCode.OK:  # the workers' findings
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return
     try:
         _found[:] = _check.wait()
@@ -379,6 +394,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
             _check.clean(_found)
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if hasattr(session.config, "workeroutput"):  # an xdist worker: sent to the controller
+            session.config.workeroutput["leftovers"] = [what for what, _ in _found]
     finally:
         _check.close()
         _check = None
