@@ -103,6 +103,35 @@ def test_etcdctl_del_prefix_under_holders_and_a_waiting_node(nodes, etcd):
     assert figures["ids"] > 20_000
 
 
+def test_an_older_mark_put_back_with_etcdctl_is_passed_over_by_a_node_that_never_saw_the_later_one(nodes, etcd):
+    # Node a reserves ahead and mints; an operator puts an older value of its mark back
+    # (etcdctl put); node b, whose journal never saw a's later marks, must not take that
+    # value as the worker ID's floor: it names a version etcd no longer holds.
+    common = (*etcd_args(etcd, "putback", *FAST_LEASES), *TWO)
+    a = nodes.start("a", workers=1, args=common)
+    a.wait_ready()
+    (held,) = [w["worker_id"] for w in a.status()["workers"] if w.get("worker_id") is not None]
+    key = f"/snowfence/putback/marks/0/{held}"
+    load = Load(a)
+    grows(load)
+    older = etcd.get_prefix(key)[key]
+    wait_for(lambda: etcd.get_prefix(key)[key] != older, 10, what="a's mark to move on")
+    grows(load)
+    blocks_a = load.stop()
+    assert a.stop() == 0  # released: its mark lowered to the last millisecond it used
+    p = etcd.ctl("put", key, older)
+    assert p.returncode == 0, p.stderr
+    b = nodes.start("b", workers=1, args=common)
+    b.wait_ready()
+    assert [w["worker_id"] for w in b.status()["workers"]] == [1 - held]
+    reasons = passed_over(b)
+    assert any(f"worker ID {held}" in r and "by hand" in r for r in reasons), reasons
+    load = Load(b)
+    grows(load)
+    figures = check_blocks([blocks_a, load.stop()], TWO_LAYOUT)
+    assert figures["ids"] > 20_000 and figures["workers"] == 2
+
+
 def test_embedded_state_dir_wiped_under_live_holders_while_a_second_node_waits(nodes, tmp_path):
     state = tmp_path / "state"
     a = nodes.start("a", workers=2, state_dir=state, args=TWO)

@@ -246,6 +246,9 @@ KEPT_SEEDS = [
     (7733357, "embedded"),
     (7210280, "etcd"),
     (7316429, "etcd"),
+    # An older mark put back (etcdctl put) was read as the floor by a node that had not seen the
+    # later one (test_etcd_store.py::test_an_older_mark_put_back_by_hand_is_passed_over_...).
+    (106634822, None),
 ]
 #: Each CI run also tries seeds no run tried before, for this long.
 NEW_SEEDS_BUDGET_S = 10

@@ -203,6 +203,31 @@ def test_a_worker_id_whose_mark_is_unreadable_is_passed_over_and_left_as_it_was(
     assert etcd.value("marks/1/0") == mark
 
 
+def test_an_older_mark_put_back_by_hand_is_passed_over_not_read_as_the_floor(etcd):
+    # Found by the simulator (seed 106634822): an owner on one node reserved far ahead;
+    # `etcdctl put` then put back an older value of the mark; a node that had never read the
+    # later mark (its journal had no floor for it) claimed, waited only for the old value,
+    # and minted below IDs of the previous owner. Each mark now names the version etcd
+    # gives the key with it: a value put back by hand carries an older one.
+    store, other = etcd.store(), etcd.store()
+    first = claim(store, preferred=0, holder="a")
+    first.extend(NOW_MS + 1000)
+    older = etcd.value("marks/1/0")
+    first.extend(NOW_MS + 9000)
+    first.release(NOW_MS + 8000)  # used up to here
+    assert etcd.json("marks/1/0")["version"] == etcd.server.kv[PREFIX + "marks/1/0"].version
+    etcd.put("marks/1/0", older)  # the rollback: 1,000 ms reserved, where 8,000 were used
+    lease = claim(other, preferred=0, holder="b")
+    assert lease.worker_id != 0
+    assert "version" in other.passed_over[0] and "by hand" in other.passed_over[0]
+    assert etcd.value("marks/1/0") == older  # left as it was, for an operator to look at
+    # A mark without a version (a release before marks named theirs) is read as it always was.
+    legacy = {k: v for k, v in orjson.loads(older).items() if k != "version"}
+    legacy.update(reserved_until_ms=NOW_MS - 5, reserved_until_unix_ms=NOW_MS - 5 + store.layout.epoch_ms)
+    etcd.put("marks/1/2", legacy)
+    assert claim(other, preferred=2).worker_id == 2 and 2 not in other.passed_over
+
+
 def test_with_only_unreadable_marks_no_worker_id_is_claimed(etcd):
     store = etcd.store()
     for w in range(4):
@@ -249,6 +274,7 @@ def test_extend_persists_the_mark_with_its_token_and_holder(etcd):
         "holder": "node-a/0",
         "store": etcd.genesis.store_id,
         "layout": store.layout.digest(),
+        "version": 2,  # the claim wrote the first, this extension the second
     }
     assert etcd.server.kv[PREFIX + "marks/1/1"].lease == 0  # the mark outlives the owner
     lease.abandon()

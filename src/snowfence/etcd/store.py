@@ -68,6 +68,7 @@ class EtcdLease(Lease):
         ttl_s: int,
         holder: str,
         mark_rev: int = 0,
+        mark_version: int = 0,
     ) -> None:
         super().__init__(store.region, worker_id, token, mark_ms)
         self._store = store
@@ -77,6 +78,8 @@ class EtcdLease(Lease):
         self.mark_key = store.mark_key(worker_id)
         #: The mod_revision of the mark as we wrote it last: the mark must still be that one.
         self.mark_rev = mark_rev
+        #: The version etcd gave the mark with our last write: the next one names version + 1.
+        self.mark_version = mark_version
         self.ttl_s = ttl_s
         self._ttl_at_ns = store.mono_ns()
 
@@ -89,8 +92,10 @@ class EtcdLease(Lease):
         tx = self._store.client.transactions
         return [tx.create(self.claim_key) == self.token, tx.mod(self.mark_key) == self.mark_rev]
 
-    def _mark_value(self, mark_ms: int) -> bytes:
-        return self._store.mark_value(mark_ms, self.holder, self.token)
+    def _mark_value(self, mark_ms: int, version: int | None = None) -> bytes:
+        """The mark's next value: guarded on its mod_revision, so etcd gives it the next version."""
+        version = self.mark_version + 1 if version is None else version
+        return self._store.mark_value(mark_ms, self.holder, self.token, version)
 
     def refresh(self) -> None:
         ttl = None
@@ -118,7 +123,7 @@ class EtcdLease(Lease):
             _, meta = responses[1][0]
             # The journal is written before the minter may use the new mark: it is never behind it.
             self._store.note_mark(self.worker_id, meta.mod_revision, until_ms, meta)
-            self.mark_rev = meta.mod_revision
+            self.mark_rev, self.mark_version = meta.mod_revision, meta.version
             self.reserved_until_ms = until_ms
 
     def _lost(self, responses) -> None:
@@ -130,6 +135,7 @@ class EtcdLease(Lease):
         # The claim is still ours, so nobody else can have written the mark since:
         # an operator or a restore did. Put ours back before letting go, so the next
         # owner waits for every millisecond we may have used.
+        version = mark[0][1].version if mark else 0
         if not mark:
             why = "its mark was deleted"
         else:
@@ -142,8 +148,8 @@ class EtcdLease(Lease):
                 )
         tx = self._store.client.transactions
         ok, _ = self._store.client.transaction(
-            compare=[tx.create(self.claim_key) == self.token],
-            success=[tx.put(self.mark_key, self._mark_value(self.reserved_until_ms))],
+            compare=[tx.create(self.claim_key) == self.token, tx.version(self.mark_key) == version],
+            success=[tx.put(self.mark_key, self._mark_value(self.reserved_until_ms, version + 1))],
             failure=[],
         )
         why += f"; {'restored' if ok else 'could not restore'} it to {self.reserved_until_ms} ms"
@@ -177,6 +183,7 @@ class EtcdLease(Lease):
         if ok and mark_ms < self.reserved_until_ms:
             _, meta = responses[1][0]
             self._store.note_mark(self.worker_id, meta.mod_revision, mark_ms, meta)
+            self.mark_rev, self.mark_version = meta.mod_revision, meta.version
             self.reserved_until_ms = mark_ms
         client.revoke_lease(self.lease_id)
 
@@ -215,8 +222,9 @@ class EtcdStore(Connection, Store):
         #: The genesis record as last read, and its key's (create_revision, mod_revision).
         self.genesis: Genesis | None = None
         self._genesis_revs = (0, 0)
-        #: What the claim's first transaction read: {worker ID: (mark value or None, mod_revision)}.
-        self._marks: dict[int, tuple[bytes | None, int]] = {}
+        #: What the claim's first transaction read: {worker ID: (mark value or None, mod_revision,
+        #: version)}.
+        self._marks: dict[int, tuple[bytes | None, int, int]] = {}
         #: The monotonic clock a lease's remaining TTL is counted on (tests pass a fake one).
         self.mono_ns = mono_ns
         self.layout = config.layout
@@ -455,7 +463,10 @@ class EtcdStore(Connection, Store):
 
     accept_restore = etcd_call(accept_restore)
 
-    def mark_value(self, mark_ms: int, holder: str, token: int | None) -> bytes:
+    def mark_value(self, mark_ms: int, holder: str, token: int | None, version: int) -> bytes:
+        """A mark as snowfence writes it. ``version``: the version etcd gives the key with this
+        write (every write is guarded on the one before it), so a value put back by hand,
+        an older one say, names a version the key no longer has (see :meth:`_floor`)."""
         return orjson.dumps(
             {
                 "reserved_until_ms": mark_ms,
@@ -464,6 +475,7 @@ class EtcdStore(Connection, Store):
                 "holder": holder,
                 "store": self.genesis.store_id if self.genesis is not None else None,
                 "layout": self.layout.digest(),
+                "version": version,
             }
         )
 
@@ -515,7 +527,7 @@ class EtcdStore(Connection, Store):
             place = keys.place(mark_meta.key, self.prefix + "marks/")
             if place is None or place[0] != self.region:
                 continue
-            self._marks[place[1]] = (value, mark_meta.mod_revision)
+            self._marks[place[1]] = (value, mark_meta.mod_revision, mark_meta.version)
             if self.journal is not None:
                 try:
                     ms = keys.mark_ms(orjson.loads(value), self.layout)
@@ -586,7 +598,7 @@ class EtcdStore(Connection, Store):
         the journal's floor, the store's quarantine, and for a worker ID of unknown state a
         quarantine from now. Raises WorkerIdUnusable for a mark that is not ours to read."""
         genesis = self.genesis
-        value, _ = self._marks.get(worker_id, (None, 0))
+        value, _, version = self._marks.get(worker_id, (None, 0, 0))
         now_ms = self._now_ms() if now_ms is None else now_ms
         floors = [genesis.quarantine_until_ms]
         if self.journal is not None:
@@ -607,6 +619,16 @@ class EtcdStore(Connection, Store):
                 raise WorkerIdUnusable(
                     f"the mark of worker ID {worker_id} was written under another layout ({layout}): "
                     "its milliseconds are not ours to compare"
+                )
+            named = mark.get("version")
+            if named is not None and named != version:
+                # Every write of a mark is guarded on the one before and names the version it
+                # makes: a value whose version is not the key's was put there by hand (an
+                # older one, say), and a later mark may have stood there, out of sight.
+                raise WorkerIdUnusable(
+                    f"the mark of worker ID {worker_id} names version {named!r}, but etcd holds version "
+                    f"{version} of it: it was put there by hand, not written by snowfence (an older "
+                    "value put back?); delete the mark to let its worker ID wait out the quarantine"
                 )
             store = mark.get("store")
             if store is None and not genesis.legacy:
@@ -636,8 +658,8 @@ class EtcdStore(Connection, Store):
         floor = self._floor(worker_id, now_ms)
         if max_mark_ms is not None and floor > max_mark_ms:
             return None
-        _, mark_rev = self._marks.get(worker_id, (None, 0))
-        mark_value = self.mark_value(floor, holder, None)
+        _, mark_rev, mark_version = self._marks.get(worker_id, (None, 0, 0))
+        mark_value = self.mark_value(floor, holder, None, mark_version + 1)
         for _ in range(3):
             genesis_create, genesis_mod = self._genesis_revs
             first_use = not self.genesis.is_used(self.region, worker_id)
@@ -669,10 +691,20 @@ class EtcdStore(Connection, Store):
         if first_use:
             self.genesis = self.genesis.using(self.region, worker_id)
             self._genesis_revs = (genesis_create, mark_meta.mod_revision)
-        self._marks[worker_id] = (mark_value, mark_meta.mod_revision)
+        self._marks[worker_id] = (mark_value, mark_meta.mod_revision, mark_meta.version)
         token = claim_meta.create_revision
         self.note_mark(worker_id, mark_meta.mod_revision, floor, mark_meta)
-        return EtcdLease(self, lease_id, worker_id, token, floor, ttl, holder, mark_rev=mark_meta.mod_revision)
+        return EtcdLease(
+            self,
+            lease_id,
+            worker_id,
+            token,
+            floor,
+            ttl,
+            holder,
+            mark_rev=mark_meta.mod_revision,
+            mark_version=mark_meta.version,
+        )
 
     try_claim = etcd_call(try_claim)
 
