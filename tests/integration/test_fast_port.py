@@ -294,3 +294,22 @@ def test_a_zeromq_peer_that_claims_a_fast_connections_address_is_not_answered(no
     with node.client() as c:
         assert c.reserve(1)[0].count == 1
         assert c.status()["broker"]["counters"]["bad_request"] >= 1
+
+
+def test_a_node_with_a_fast_port_stops_cleanly_on_sigterm_with_a_connection_open(nodes):
+    # The loop's epoll set is closed before the router closes the fast port: closing its
+    # listener and connections then must not unregister them from it (it raised, and
+    # serve exited 1 with a traceback on every stop).
+    import signal
+
+    node = start(nodes)
+    sock = raw_connection(node)
+    sock.sendall(protocol.encode_stream(protocol.encode_reserve(7, 1)))
+    (body,) = read_bodies(sock, 1)
+    assert protocol.decode_reply(body).count == 1
+    assert node.stop(signal.SIGTERM) == 0
+    log = node.log()
+    assert "Traceback" not in log and "snowfence stopped (exit status 0)" in log, log
+    sock.settimeout(5)
+    assert sock.recv(16) == b""  # its connection was closed, not left open
+    sock.close()

@@ -44,6 +44,14 @@ _plain_reserve = protocol.plain_reserve
 _stream = protocol.encode_stream
 
 
+def _no_watch(fd: int, writable: bool) -> None:
+    pass
+
+
+def _no_unwatch(fd: int) -> None:
+    pass
+
+
 def is_fast_addr(addr: bytes) -> bool:
     """Whether a routing address is a fast connection's (the router drops ZeroMQ peers that claim one)."""
     return len(addr) == ADDR_SIZE and addr[0] == 0
@@ -101,8 +109,8 @@ class FastPort:
         self._bad_request = bad_request
         self._counters = counters
         self._waited_zero = waited_zero
-        self.watch = watch or (lambda fd, writable: None)
-        self.unwatch = unwatch or (lambda fd: None)
+        self.watch = watch or _no_watch
+        self.unwatch = unwatch or _no_unwatch
         self.by_fd: dict[int, _Conn] = {}
         self.by_addr: dict[bytes, _Conn] = {}
         self._next = itertools.count(1)
@@ -113,6 +121,11 @@ class FastPort:
 
     def describe(self) -> dict:
         return {"port": self.port, "host": self.host, "connections": len(self.by_fd), **self.stats}
+
+    def detach(self) -> None:
+        """The loop's epoll set is going (the loop has ended): closing connections after it
+        unregisters nothing."""
+        self.watch, self.unwatch = _no_watch, _no_unwatch
 
     # -- the loop's events ----------------------------------------------------------------
 

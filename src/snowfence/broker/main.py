@@ -332,6 +332,8 @@ class Node:
                 if not self.housekeeping(now_ns, ready):
                     return
         finally:
+            if fast is not None:
+                fast.detach()  # the router closes it after this set is gone
             ready.close()
 
     def housekeeping(self, now_ns: int, ready: Readiness) -> bool:
