@@ -632,3 +632,23 @@ def test_the_blocking_clients_single_request_that_times_out_is_a_timeout_of_its_
         c.reserve(1)
     assert time.monotonic() - started >= 0.01  # the deadline, not the first empty read
     assert fast.asked == [1] and not c._core.inflight
+
+
+def test_the_blocking_clients_single_request_backs_off_after_a_refusal_before_asking_again():
+    from snowfence.errors import Overloaded
+
+    sent_at = []
+
+    def overloaded(rid, n):
+        sent_at.append(time.monotonic())
+        err = Overloaded("scripted")
+        err.retry_after_ms = 300
+        return protocol.encode_error(rid, err)
+
+    def granted(rid, n):
+        sent_at.append(time.monotonic())
+        return protocol.encode_block(rid, 4000, n)
+
+    c, fast = blocking_scripted([overloaded, granted])
+    assert c.reserve(1) == [Block(4000, 1)]
+    assert sent_at[1] - sent_at[0] >= 0.3  # the server's hint, as on the rounds' own path

@@ -377,8 +377,8 @@ class Client(ClientBase):
     ) -> None:
         core, job = self._core, round_.job
         try:
-            if sent is not None:
-                self._take_over(round_, *sent)
+            if sent is not None and self._take_over(round_, *sent):
+                self._settle(round_)  # a refusal's back-off (or a timeout's reset) before asking again
             while not round_.done:
                 fast = self._fast_connection(job.n, chunk) if self._fast_ports else None
                 if fast is not None:
@@ -404,20 +404,24 @@ class Client(ClientBase):
                         if matched is not None and matched[0].job is job:
                             round_.on_reply(*matched)
                         body = _recv(sock, _NOBLOCK) if _pending(sock) else None
-                reset, sleep_s = round_.settle(time.monotonic_ns())
-                if reset:
-                    self._reset(rotate=True)
-                if sleep_s:
-                    time.sleep(sleep_s)
+                self._settle(round_)
         except BaseException:
             round_.abandon()
             raise
 
-    def _take_over(self, round_: ReserveRound, pending: Pending, outcome: tuple | None) -> None:
+    def _settle(self, round_: ReserveRound) -> None:
+        """After a wait: reset the connection and back off as :meth:`ReserveRound.settle` says."""
+        reset, sleep_s = round_.settle(time.monotonic_ns())
+        if reset:
+            self._reset(rotate=True)
+        if sleep_s:
+            time.sleep(sleep_s)
+
+    def _take_over(self, round_: ReserveRound, pending: Pending, outcome: tuple | None) -> bool:
         """Make the request :meth:`_reserve_fast` sent the round's own, with what came of it:
-        a reply goes to the round; a closed connection asks again on ZeroMQ (as in
-        :meth:`_run`); no reply in time leaves it waiting past its deadline, for the
-        round's first settle to count as a timeout."""
+        a reply goes to the round; a closed connection asks again on ZeroMQ at once (as in
+        :meth:`_run`); no reply in time leaves it waiting past its deadline. True when the
+        round is to settle first (a refusal's back-off, a timeout's reset), as after any wait."""
         job = round_.job
         job.to_send()  # all n in the one request already sent
         pending.job = job
@@ -426,8 +430,10 @@ class Client(ClientBase):
             round_.connection_lost()
             self._close_fast()
             self._fast_failed(time.monotonic_ns())
-        elif outcome is not None:
+            return False
+        if outcome is not None:
             round_.on_reply(*outcome)
+        return True
 
     def _turn_fast(self, round_: ReserveRound, fast: FastConnection) -> None:
         """One turn of :meth:`_run` on the fast port: send what is due, take what came back."""
