@@ -234,7 +234,7 @@ def own_settled(status: dict) -> bool:
     if own is None:
         return False
     unheld = own.get("region_unheld")
-    return bool(own.get("held")) or (unheld is not None and unheld <= 1)
+    return bool(own.get("held")) or own.get("state") == "stopping" or (unheld is not None and unheld <= 1)
 
 
 #: A node whose every request goes to a worker (two hops), said explicitly: for tests of

@@ -124,9 +124,32 @@ def test_a_failure_on_its_thread_leaves_nothing_in_rotation_and_requests_go_to_w
     def broken(now_ns, **kw):
         raise RuntimeError("a bug in a timer")
 
+    worker_id = im.core.held[0].lease.worker_id
     im.core.tick = broken  # the next turn of its thread fails
     assert until(lambda: not im._thread.is_alive())
     assert im.mint(1) is None and im.declined["not_ready"] >= 1
+    # Nothing would give its worker ID back to workers any more: it lets it go.
+    assert im.core.held == [] and im.state_due
+    other = open_store(im.config)
+    assert other.claim(worker_id, "a worker", 0, 1000).worker_id == worker_id
+
+
+def test_a_count_that_raises_anything_changes_nothing_and_its_thread_goes_on(inline, quick_counts):
+    im, _ = inline()
+    assert until(lambda: ready(im))
+
+    def broken(up_to=None):
+        raise OSError(24, "Too many open files")
+
+    im.store.unheld = broken
+    time.sleep(0.3)
+    assert im._thread.is_alive() and im.free is None and ready(im)
+
+
+def test_counting_stops_where_the_rule_needs_no_more(tmp_path):
+    config = Config(state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999")
+    store = open_store(config)
+    assert store.unheld() == 128 and store.unheld(up_to=2) == 2
 
 
 # -- workers come first: the spare worker ID ------------------------------------------------------

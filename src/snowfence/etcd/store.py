@@ -548,13 +548,13 @@ class EtcdStore(Connection, Store):
     def taken(self) -> set[int]:
         return self._read_region()
 
-    def unheld(self) -> int:
+    def unheld(self, up_to: int | None = None) -> int:
         held = set()
         for _, meta in self.client.get_prefix(f"{self.prefix}workers/{self.region}/", keys_only=True):
             place = keys.place(meta.key, self.prefix + "workers/")
-            if place is not None and place[0] == self.region:
+            if place is not None and place[0] == self.region and 0 <= place[1] <= self.layout.max_worker:
                 held.add(place[1])
-        return sum(1 for w in range(self.layout.max_worker + 1) if w not in held and w not in self.passed_over)
+        return self.layout.max_worker + 1 - len(held.union(self.passed_over))
 
     unheld = etcd_call(unheld)
 

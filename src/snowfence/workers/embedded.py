@@ -686,12 +686,14 @@ class FileStore(Store):
             raise StateDirError(f"cannot lock {lock_path}: {exc.strerror or exc}") from None
         return fd
 
-    def unheld(self) -> int:
+    def unheld(self, up_to: int | None = None) -> int:
         """Counted by the kernel's witnesses, as claims decide "held": a worker ID whose
         witness name is free has no live holder. (A claimer that tries a name in the instant
         this holds it passes over that worker ID once, as for any held one, and tries again.)"""
         free = 0
         for worker_id in range(self.layout.max_worker + 1):
+            if up_to is not None and free >= up_to:
+                break
             if worker_id in self.passed_over:
                 continue
             witness = self._bind_witness(worker_id)
@@ -703,7 +705,10 @@ class FileStore(Store):
     def _bind_witness(self, worker_id: int) -> socket.socket | None:
         """The kernel's witness that this process holds ``worker_id``; None if a live process holds it."""
         name = f"\0{self._witness_prefix}:{self.region}:{worker_id}"
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        except OSError as exc:  # out of descriptors, say
+            raise StateDirError(f"cannot open the holder's witness socket for worker ID {worker_id}: {exc}") from None
         try:
             sock.bind(name)
         except OSError as exc:

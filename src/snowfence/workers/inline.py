@@ -283,6 +283,12 @@ class InlineMinter:
             log.exception("the broker's own worker ID failed; requests all go to workers")
             with self._lock:
                 core.ready = []
+                core.stopping = True
+                self.state_due = True
+                try:  # let its worker ID go too: nothing would give it back to workers any more
+                    core.release_all()
+                except Exception:
+                    log.exception("the broker's own worker ID could not be released")
 
     def _count(self, now_ns: int) -> bool:
         """Count the region's unheld worker IDs, when it is time to; whether it counted."""
@@ -293,8 +299,11 @@ class InlineMinter:
         try:
             if store.genesis is None:
                 store.check_layout(self.config.layout)  # as a claim would first
-            self.free = store.unheld()
+            self.free = store.unheld(up_to=SPARE + 1)
         except SnowfenceError:  # etcd away, a layout it cannot use: its own claims will say
+            self.free = None
+        except Exception:  # nothing is known: keep what it holds, claim nothing (the rule's None)
+            log.exception("could not count the region's unheld worker IDs")
             self.free = None
         return True
 
@@ -305,6 +314,7 @@ class InlineMinter:
         if action == GIVE_BACK:
             worker_ids = ", ".join(str(h.lease.worker_id) for h in core.held)
             core.release_all()
+            core.state_dirty = True  # STATUS and NODES stop listing it at the next turn
             self.gave_back += 1
             event(
                 log,

@@ -121,10 +121,11 @@ class Store:
         """Worker IDs worth trying, in order."""
         raise NotImplementedError
 
-    def unheld(self) -> int:
+    def unheld(self, up_to: int | None = None) -> int:
         """How many of the region's worker IDs no live holder has now, less those the last
         claim pass passed over: what a claim could find (the broker's own worker ID keeps
-        one of them free for workers; see ``workers/inline.py``)."""
+        one of them free for workers; see ``workers/inline.py``). ``up_to``: counting may
+        stop there (a region can have a million worker IDs; the rule needs to know 0, 1, 2)."""
         raise NotImplementedError
 
     def describe(self) -> dict:
