@@ -91,32 +91,6 @@ def quantiles(samples_ns: list[int]) -> dict:
     return {"p50": s[len(s) // 2] / 1000, "p99": s[min(len(s) - 1, int(len(s) * 0.99))] / 1000, "n": len(s)}
 
 
-def timed(call, duration_s: float) -> dict:
-    for _ in range(200):  # warm
-        call()
-    out = []
-    end = time.monotonic() + duration_s
-    clock = time.perf_counter_ns
-    while time.monotonic() < end:
-        t0 = clock()
-        call()
-        out.append(clock() - t0)
-    return quantiles(out)
-
-
-async def atimed(call, duration_s: float) -> dict:
-    for _ in range(200):
-        await call()
-    out = []
-    end = time.monotonic() + duration_s
-    clock = time.perf_counter_ns
-    while time.monotonic() < end:
-        t0 = clock()
-        await call()
-        out.append(clock() - t0)
-    return quantiles(out)
-
-
 def alternating(calls: dict, duration_s: float) -> dict:
     """Each call in turn, one at a time, for ``duration_s``: every call meets the same
     moment's noise as the others (a round of one variant after another does not)."""
@@ -149,6 +123,14 @@ async def aalternating(calls: dict, duration_s: float) -> dict:
             await call()
             samples.append(clock() - t0)
     return {name: quantiles(samples) for name, samples in out.items()}
+
+
+def timed(call, duration_s: float) -> dict:
+    return alternating({"": call}, duration_s)[""]
+
+
+async def atimed(call, duration_s: float) -> dict:
+    return (await aalternating({"": call}, duration_s))[""]
 
 
 def head_to_head(endpoint: str, redis_port: int, duration_s: float) -> dict:
