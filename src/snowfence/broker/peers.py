@@ -43,13 +43,13 @@ class PeerClocks:
         self.veto: str | None = None
         self.set_peers(peers)
 
-    def set_peers(self, peers: list[str]) -> bool:
-        """Measure against exactly ``peers`` from now on (a node's membership changes);
-        True if the set of sockets changed (the caller's epoll set must follow)."""
+    def set_peers(self, peers: list[str]) -> None:
+        """Measure against exactly ``peers`` from now on (a node's membership changes).
+        Closes the sockets of peers that left: the caller's epoll set lets go of them first."""
         wanted = list(dict.fromkeys(peers))
         have = {ep: sock for sock, ep in self.sockets.items()}
         if set(wanted) == set(have):
-            return False
+            return
         for endpoint, sock in have.items():
             if endpoint not in wanted:
                 del self.sockets[sock]
@@ -70,7 +70,6 @@ class PeerClocks:
                 sock.close(0)  # an endpoint libzmq will not take: that peer does not vote
                 continue
             self.sockets[sock] = endpoint
-        return True
 
     def tick(self, now_ns: int) -> None:
         if now_ns < self._next_ns:
