@@ -179,6 +179,25 @@ def test_the_file_store_counts_unheld_worker_ids_by_their_witnesses(tmp_path):
     assert other.claim(None, "w", 0, 1000) is not None  # counting took nothing from a claimer
 
 
+def test_a_witness_socket_that_cannot_be_opened_is_a_state_dir_error_and_changes_nothing(tmp_path, monkeypatch):
+    import socket
+
+    from snowfence.errors import StateDirError
+
+    config = Config(state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", worker_bits=2, time_bits=46)
+    store = open_store(config)
+    assert store.unheld() == 4
+
+    def out_of_descriptors(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(socket, "socket", out_of_descriptors)
+        with pytest.raises(StateDirError, match="cannot open the holder's witness socket for worker ID 0"):
+            store.unheld()
+    assert store.unheld() == 4 and store.passed_over == {}  # nothing counted as held or passed over
+
+
 @pytest.fixture
 def quick_counts(monkeypatch):
     monkeypatch.setattr(inline_mod, "SPARE_CHECK_S", 0.05)
