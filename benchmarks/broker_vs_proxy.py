@@ -75,6 +75,8 @@ def main() -> None:
         f"\nsnowfence broker / bare zmq.proxy relay, requests/s (medians of {args.runs}): "
         f"{rates['snowfence'] / rates['relay']:.2f}"
     )
+    if not args.half_load_runs:  # none measured: no table of zeros
+        return
     print(
         f"\nHalf load: {half_rate:,.0f} requests/s offered by 2 clients on a fixed schedule "
         f"(medians of {args.half_load_runs})\n"
