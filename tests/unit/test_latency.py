@@ -1,5 +1,5 @@
 """Request latency histograms: their buckets, and the broker's totals over the
-reports of worker processes that come and go."""
+reports of worker processes that come and go; the worker IDs it counts by state."""
 
 from __future__ import annotations
 
@@ -130,3 +130,26 @@ def test_a_reported_histogram_is_a_copy_so_the_broker_sees_what_its_own_minter_g
         metrics.observe(b"inline", protocol.WorkerState(mint_ns=latency.report(hist), step_back_ms=steps.to_dict()))
         assert metrics.mint_ns[0].count == 5 * round_
         assert sum(metrics.step_back_counts) == round_
+
+
+def test_the_broker_s_own_worker_id_counts_with_the_workers_by_state_and_by_its_lease():
+    from types import SimpleNamespace
+
+    m, router = Metrics(), FakeRouter()
+    worker = protocol.WorkerState(
+        state="fenced", held=(protocol.HeldState(worker_id=0, state="fenced", renewed_ago_s=2.5),)
+    )
+    router.links = {b"w0": SimpleNamespace(slot=0, silent=False, status=worker)}
+    m.own = protocol.WorkerState(
+        slot=-1, state="fenced", held=(protocol.HeldState(worker_id=7, state="fenced", renewed_ago_s=3.0),)
+    )
+    m.maybe_snapshot(0, router, restarts=0)
+    samples = scrape(m)
+    assert samples[("snowfence_worker_ids", (("state", "fenced"),))] == 2
+    assert samples[("snowfence_lease_renewal_age_seconds", (("worker_id", "7"),))] == 3.0
+    # Holding none, as when it gave its own back to workers: nothing counted for it.
+    m.own = protocol.WorkerState(slot=-1, state="claiming")
+    m.maybe_snapshot(10**10, router, restarts=0)
+    samples = scrape(m)
+    assert samples[("snowfence_worker_ids", (("state", "fenced"),))] == 1
+    assert samples[("snowfence_worker_ids", (("state", "claiming"),))] == 0

@@ -348,6 +348,7 @@ class Node:
             state = self.inline.snapshot(now_ns)
             if state is not None:
                 self.metrics.observe(b"inline", state)
+                self.metrics.own = state
         if not sup.tick(now_ns, routing.heard):
             return False
         routing.tick(now_ns)

@@ -64,6 +64,9 @@ class Metrics:
         self.peers = None
         #: The fast port (:class:`snowfence.broker.fast.FastPort`), when the node has one.
         self.fast = None
+        #: The last state of the broker's own worker ID (for small requests), if it runs:
+        #: what it holds counts with the workers' worker IDs.
+        self.own: WorkerState | None = None
         #: CURVE denials, counted from the ZAP and monitor threads.
         self.curve_denials = Denials()
 
@@ -223,20 +226,24 @@ class Metrics:
             "How far a worker's wall clock is ahead after a forward jump.",
             labels=["slot"],
         )
+        holders = []
         for link in router.links.values():
             st = link.status
             ahead.add_metric([str(link.slot)], st.clock_ahead_ms / 1000)
-            if not st.held:
+            if not st.held:  # a worker process without one counts as one in its state
                 states["silent" if link.silent else st.state] += 1
-            for h in st.held:
-                states["silent" if link.silent else h.state] += 1
-                wid = str(h.worker_id)
-                if h.last_renewal_latency_s is not None:
-                    latency.add_metric([wid], h.last_renewal_latency_s)
-                if h.renewed_ago_s is not None:
-                    age.add_metric([wid], h.renewed_ago_s)
-                if h.reservation_headroom_ms is not None:
-                    headroom.add_metric([wid], h.reservation_headroom_ms / 1000)
+            holders.extend((h, link.silent) for h in st.held)
+        if self.own is not None:  # the broker's own: only what it holds (it may want none)
+            holders.extend((h, False) for h in self.own.held)
+        for h, silent in holders:
+            states["silent" if silent else h.state] += 1
+            wid = str(h.worker_id)
+            if h.last_renewal_latency_s is not None:
+                latency.add_metric([wid], h.last_renewal_latency_s)
+            if h.renewed_ago_s is not None:
+                age.add_metric([wid], h.renewed_ago_s)
+            if h.reservation_headroom_ms is not None:
+                headroom.add_metric([wid], h.reservation_headroom_ms / 1000)
         fams.extend([latency, age, headroom, ahead])
         ws = GaugeMetricFamily("snowfence_worker_ids", "Worker IDs held, by state.", labels=["state"])
         for state in STATES:
