@@ -147,6 +147,14 @@ class Config:
     reservation_window_s: float = setting(
         5.0, "How far ahead of the wall clock the time high-water mark is extended, in seconds.", metavar="S"
     )
+    max_reservation_window_s: float = setting(
+        5.0,
+        "The longest reservation_window_s any node of this store may use, in seconds: set it alike on every "
+        "node (a node with a longer window will not start). A store that looks new, and a worker ID whose "
+        "state the store forgot, mint nothing for this long (plus max_clock_skew_ms in etcd mode): a node "
+        "nobody remembers may have reserved that far ahead. etcd records the highest with the region's claim.",
+        metavar="S",
+    )
 
     # -- clock ------------------------------------------------------------------------
     max_step_back_ms: int = setting(
@@ -311,6 +319,16 @@ class Config:
             )
         if self.etcd_timeout_s >= self.fence_after_s:
             raise ConfigError("etcd_timeout_s must be shorter than fence_after_s")
+        if not 0 < self.max_reservation_window_s <= 3600:
+            raise ConfigError(
+                f"max_reservation_window_s must be above 0 and at most 3600, got {self.max_reservation_window_s}"
+            )
+        if self.reservation_window_s > self.max_reservation_window_s:
+            raise ConfigError(
+                f"reservation_window_s {self.reservation_window_s:g} is above max_reservation_window_s "
+                f"{self.max_reservation_window_s:g}: a store that looks new waits out only the bound, so a node may "
+                "not reserve further; raise max_reservation_window_s on every node of the store"
+            )
         if self.reservation_window_s <= self.keepalive_interval_s:
             raise ConfigError(
                 "reservation_window_s must exceed keepalive_interval_s, or the reservation runs out between renewals"

@@ -201,6 +201,8 @@ FAST_LEASES = (
     "2",
     "--reservation-window-s",
     "2",
+    "--max-reservation-window-s",
+    "2",
     "--etcd-timeout-s",
     "0.4",
 )

@@ -26,6 +26,8 @@ COMMON = (
     "json",
     "--reservation-window-s",
     "8",
+    "--max-reservation-window-s",
+    "8",
 )  # later flags win: a longer reservation than FAST_LEASES's
 
 

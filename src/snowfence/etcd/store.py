@@ -47,7 +47,7 @@ from ..logs import event
 from ..workers.genesis import Genesis
 from ..workers.journal import Journal
 from ..workers.lease import Lease, Store, exclusivity_lost
-from . import keys
+from . import keys, regions
 from .client import Connection, etcd_call
 
 log = logging.getLogger("snowfence.etcd")
@@ -114,17 +114,35 @@ class EtcdLease(Lease):
         success = [] if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]
         ok, responses = self._store.client.transaction(
             compare=self._guard(),
-            success=success,
+            success=[*success, tx.get(regions.KEY)],
             failure=[tx.get(self.claim_key), tx.get(self.mark_key)],
         )
         if not ok:
             self._lost(responses)
+        self._check_region(responses[-1])
         if until_ms is not None:
             _, meta = responses[1][0]
             # The journal is written before the minter may use the new mark: it is never behind it.
             self._store.note_mark(self.worker_id, meta.mod_revision, until_ms, meta)
             self.mark_rev, self.mark_version = meta.mod_revision, meta.version
             self.reserved_until_ms = until_ms
+
+    def _check_region(self, claims_kv) -> None:
+        """The region must still be this cluster's: a claim deleted by hand, or given to
+        another cluster after that, fences the holder (whose next claim claims it again, or
+        refuses by name)."""
+        store = self._store
+        try:
+            claims = regions.parse(claims_kv[0][0] if claims_kv else None)
+        except LayoutMismatch as exc:
+            raise store.exclusivity_lost(self, str(exc)) from None
+        claim = claims.holder(self.region)
+        if claim is None or claim.cluster != store.config.cluster:
+            who = "nobody" if claim is None else f"cluster {claim.cluster!r}"
+            raise store.exclusivity_lost(
+                self,
+                f"region {self.region} is claimed by {who} in {regions.KEY}, not by cluster {store.config.cluster!r}",
+            )
 
     def _lost(self, responses) -> None:
         """The guard failed: say why, put back what only we know, and raise LeaseLost."""
@@ -217,8 +235,13 @@ class EtcdStore(Connection, Store):
         self._wall_ns = wall_ns
         #: The node's witness of this store (workers pass theirs; accept-restore reads without one).
         self.journal = journal
-        #: This node's reservation window, recorded in the genesis if it is the longest.
-        self.window_ms = int(config.reservation_window_s * 1000)
+        #: The longest reservation window any node of this store may use (every node checks its
+        #: own against it at start), recorded in the genesis and the region's claim if it is the longest.
+        self.window_ms = int(max(config.reservation_window_s, config.max_reservation_window_s) * 1000)
+        #: The region claims of this etcd as last read (see :mod:`.regions`), and the claims
+        #: key's (create_revision, mod_revision) then ((0, 0): none): claims are guarded on them.
+        self.region_claims = regions.RegionClaims()
+        self._claims_revs = (0, 0)
         #: The genesis record as last read, and its key's (create_revision, mod_revision).
         self.genesis: Genesis | None = None
         self._genesis_revs = (0, 0)
@@ -260,6 +283,9 @@ class EtcdStore(Connection, Store):
             windows.append(self.genesis.window_ms)
         if self.journal is not None:
             windows.append(self.journal.window_ms)
+        claim = self.region_claims.holder(self.region)
+        if claim is not None:
+            windows.append(claim.window_ms)  # outlives the cluster's own keys
         return max(windows) + self.config.max_clock_skew_ms
 
     def _now_ms(self) -> int:
@@ -297,28 +323,41 @@ class EtcdStore(Connection, Store):
                 )
             if self.journal is not None and self.journal.has_history:
                 self.journal.check_genesis(None)  # raises: the store forgot what the journal saw
-            quarantine = self.quarantine_ms()
-            genesis = Genesis.create(
-                layout,
-                now_unix_ms=self._wall_ns() // 1_000_000,
-                window_ms=self.window_ms,
-                quarantine_until_ms=self._now_ms() + quarantine,
-            )
-            ok, _ = client.transaction(
-                compare=[tx.create(key) == 0], success=[tx.put(key, orjson.dumps(genesis.to_dict()))], failure=[]
-            )
-            if ok:
-                event(
-                    log,
-                    "store_created",
-                    f"recorded layout for cluster {self.config.cluster}: {layout.describe()}; new store "
-                    f"{genesis.store_id}: its first claims mint nothing for {quarantine} ms, because a new store "
-                    "cannot prove that no earlier one under the same prefix minted (the reservation window plus "
-                    "the clock-skew bound)",
-                    level=logging.WARNING,
-                    store=genesis.store_id,
-                    quarantine_ms=quarantine,
+            for _ in range(5):
+                # The region is claimed in the transaction that records the genesis, and a
+                # region another cluster holds is refused before anything is written.
+                claims = self._read_claims()
+                quarantine = self.quarantine_ms()  # counts the longest window the region's claim recorded
+                now_unix_ms = self._wall_ns() // 1_000_000
+                genesis = Genesis.create(
+                    layout,
+                    now_unix_ms=now_unix_ms,
+                    window_ms=self.window_ms,
+                    quarantine_until_ms=self._now_ms() + quarantine,
                 )
+                claimed = claims.claimed(
+                    self.region, self.config.cluster, layout, window_ms=self.window_ms, now_unix_ms=now_unix_ms
+                )
+                ok, responses = client.transaction(
+                    compare=[tx.create(key) == 0, tx.mod(regions.KEY) == self._claims_revs[1]],
+                    success=[tx.put(key, orjson.dumps(genesis.to_dict())), tx.put(regions.KEY, claimed.to_bytes())],
+                    failure=[tx.get(key)],
+                )
+                if ok:
+                    event(
+                        log,
+                        "store_created",
+                        f"recorded layout for cluster {self.config.cluster}: {layout.describe()}, and its claim of "
+                        f"region {self.region}; new store {genesis.store_id}: its first claims mint nothing for "
+                        f"{quarantine} ms, because a new store cannot prove that no earlier one under the same "
+                        "prefix minted (the longest reservation window any node may use, plus the clock-skew bound)",
+                        level=logging.WARNING,
+                        store=genesis.store_id,
+                        quarantine_ms=quarantine,
+                    )
+                    break
+                if responses[0]:
+                    break  # another node recorded the layout first: read it back
             value, meta = self._get(key)
             if value is None:
                 raise EtcdUnavailable(f"the layout record {key} vanished right after it was recorded")
@@ -332,8 +371,57 @@ class EtcdStore(Connection, Store):
         self._adopt(recorded, meta)
         if not recorded.upgraded or recorded.window_ms < self.window_ms:
             self._amend_genesis(lambda g: g)
+        self._claim_region()
 
     check_layout = etcd_call(check_layout)
+
+    # -- the region's claim (see regions.py) ----------------------------------------------
+
+    def _take_claims(self, value: bytes | None, meta) -> regions.RegionClaims:
+        """Parse the region claims read with ``meta``; raise LayoutMismatch, by name, if this
+        cluster may not mint in its region."""
+        claims = regions.parse(value)
+        claims.check(self.region, self.config.cluster, self.layout)
+        self.region_claims = claims
+        self._claims_revs = (meta.create_revision, meta.mod_revision) if meta is not None else (0, 0)
+        return claims
+
+    def _read_claims(self) -> regions.RegionClaims:
+        return self._take_claims(*self._get(regions.KEY))
+
+    def _claim_region(self) -> None:
+        """Claim this node's region for its cluster (or raise the claim's window to ours):
+        a compare-and-swap on the claims key, retried a few times."""
+        client = self.client
+        tx = client.transactions
+        for _ in range(5):
+            claims = self._read_claims()
+            wanted = claims.claimed(
+                self.region,
+                self.config.cluster,
+                self.layout,
+                window_ms=self.window_ms,
+                now_unix_ms=self._wall_ns() // 1_000_000,
+            )
+            if wanted == claims:
+                return
+            ok, responses = client.transaction(
+                compare=[tx.mod(regions.KEY) == self._claims_revs[1]],
+                success=[tx.put(regions.KEY, wanted.to_bytes()), tx.get(regions.KEY)],
+                failure=[],
+            )
+            if ok:
+                if claims.holder(self.region) is None:
+                    event(
+                        log,
+                        "region_claimed",
+                        f"claimed region {self.region} of this etcd for cluster {self.config.cluster} "
+                        f"(in {regions.KEY}): no other cluster of this etcd can start in it",
+                        region=self.region,
+                    )
+                self._take_claims(*responses[1][0])
+                return
+        raise EtcdUnavailable(f"the region claims {regions.KEY} kept changing under this node")
 
     def _get(self, key: str) -> tuple[bytes | None, object]:
         tx = self.client.transactions
@@ -446,6 +534,7 @@ class EtcdStore(Connection, Store):
             for region, workers in genesis.used.items():
                 used.setdefault(region, set()).update(workers)
             self.genesis = genesis  # quarantine_ms() counts its window
+            self._read_claims()  # and the region claim's, which outlives the cluster's keys
             genesis = genesis.restored(
                 reason,
                 now_unix_ms=now_unix_ms,
@@ -498,15 +587,21 @@ class EtcdStore(Connection, Store):
         client = self.client
         tx = client.transactions
         claims, marks = f"{self.prefix}workers/{self.region}/", f"{self.prefix}marks/{self.region}/"
-        _, (genesis_kv, claim_kvs, mark_kvs) = client.transaction(
+        _, (genesis_kv, claim_kvs, mark_kvs, claims_kv) = client.transaction(
             compare=[],
             success=[
                 tx.get(self.layout_key()),
                 tx.get(claims, keys.range_end(claims)),
                 tx.get(marks, keys.range_end(marks)),
+                tx.get(regions.KEY),
             ],
             failure=[],
         )
+        region_claims = self._take_claims(*(claims_kv[0] if claims_kv else (None, None)))
+        claim = region_claims.holder(self.region)
+        if claim is None or claim.window_ms < self.window_ms:
+            # Gone (deleted by hand: its holders fenced), or never written by an older release.
+            self._claim_region()
         if not genesis_kv:
             if self.journal is not None:
                 self.journal.check_genesis(None)
@@ -667,6 +762,8 @@ class EtcdStore(Connection, Store):
                 tx.create(claim_key) == 0,
                 tx.mod(mark_key) == mark_rev,
                 tx.create(genesis_key) == genesis_create,
+                # The region's claim read in this pass still stands (not deleted and made anew).
+                tx.create(regions.KEY) == self._claims_revs[0],
             ]
             success = [tx.put(claim_key, orjson.dumps({"holder": holder}), lease_id), tx.put(mark_key, mark_value)]
             if first_use:
