@@ -303,6 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     accept.add_argument("--reason", required=True, metavar="TEXT", help="Why: recorded with the acceptance.")
     _add_config_flags(accept)
+
+    release = sub.add_parser(
+        "release-region",
+        help="Give up a retired cluster's region claims in etcd, so another cluster may use its regions.",
+        description="Each cluster of an etcd claims its region numbers (in /snowfence/region-claims), so that a "
+        "second cluster, a mistyped --cluster say, cannot mint in a region another cluster holds. When a cluster "
+        "is retired for good, this removes its claims (--etcd/--cluster name it). Refused while any of its worker "
+        "IDs is held. The next cluster to claim a region starts a new store, whose claims wait out the longest "
+        "reservation window recorded for the region plus the clock-skew bound.",
+    )
+    _add_config_flags(release, ETCD_FIELDS)
     return parser
 
 
@@ -667,6 +678,23 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_release_region(args: argparse.Namespace) -> int:
+    config = _load_config(args)
+    if not config.etcd:
+        raise ConfigError("release-region needs --etcd and --cluster: region claims live in etcd")
+    try:
+        released = _read_etcd(config, lambda c: c.release_regions())
+    except ConfigError:
+        raise
+    except SnowfenceError as exc:
+        raise _Plain(str(exc)) from None
+    if released:
+        print(f"released the claims of cluster {config.cluster!r} on regions {', '.join(map(str, released))}")
+    else:
+        print(f"cluster {config.cluster!r} claims no region of this etcd")
+    return 0
+
+
 def _read_etcd(config, read):
     """``read(cluster)`` on the etcd cluster ``config`` names; etcd not answering is said in plain words."""
     from .etcd.cluster import Cluster
@@ -684,8 +712,35 @@ def _read_etcd(config, read):
         cluster.close()
 
 
+def _region_claims(cluster) -> dict:
+    """This etcd's region claims for status: {region: cluster}, or why they cannot be read."""
+    try:
+        claims = cluster.region_claims()
+    except ConfigError as exc:
+        return {"unreadable": str(exc)}
+    return {"regions": {str(r): c.to_dict() for r, c in sorted(claims.regions.items())}, "widths": claims.widths}
+
+
+def _claim_conflicts(name: str, regions: list[int], claims: dict) -> list[str]:
+    """Why the regions cluster ``name``'s nodes used are not its to mint in, if they are not."""
+    if "unreadable" in claims:
+        return [claims["unreadable"]]
+    out = []
+    for region in regions:
+        claim = claims["regions"].get(str(region))
+        if claim is not None and claim["cluster"] != name:
+            out.append(
+                f"region {region}, which nodes of cluster {name!r} used, is claimed by cluster {claim['cluster']!r}: "
+                "their nodes can mint the same IDs"
+            )
+    return out
+
+
 def _cluster_status(config, as_json: bool) -> int:
-    entries, members, regions = _read_etcd(config, lambda c: (c.census(), c.nodes(), c.regions()))
+    entries, members, regions, claims = _read_etcd(
+        config, lambda c: (c.census(), c.nodes(), c.regions(), _region_claims(c))
+    )
+    conflicts = _claim_conflicts(config.cluster, regions, claims)
     epoch = config.layout.epoch_ms
     now_ms = time.time_ns() // 1_000_000 - epoch
     for e in entries:
@@ -693,14 +748,26 @@ def _cluster_status(config, as_json: bool) -> int:
             e["mark_time"] = format_unix_ms(e["mark_ms"] + epoch)
             e["mark_passed"] = e["mark_ms"] < now_ms
     if as_json:
-        doc = {"cluster": config.cluster, "regions": regions, "nodes": members, "worker_ids": entries}
+        doc = {
+            "cluster": config.cluster,
+            "regions": regions,
+            "region_claims": claims,
+            "conflicts": conflicts,
+            "nodes": members,
+            "worker_ids": entries,
+        }
         print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
-        return 0
+        return 1 if conflicts else 0
     print(
         f"cluster {config.cluster!r}: {len(members)} nodes, regions {', '.join(map(str, regions)) or '-'}; "
         f"{sum(e['state'] == 'held' for e in entries)} worker IDs held, "
         f"{sum(e['state'] == 'retired' for e in entries)} retired"
     )
+    if "regions" in claims:
+        shown = ", ".join(f"{r} {c['cluster']}" for r, c in claims["regions"].items()) or "none"
+        print(f"region claims of this etcd (region cluster): {shown}")
+    for conflict in conflicts:
+        print(f"CONFLICT: {conflict}")
     if members:
         print(f"{'endpoint':<32} {'region':>6} {'rotation':<8} {'worker_ids':<16} clock offsets to peers (ms)")
         for n in members:
@@ -722,7 +789,7 @@ def _cluster_status(config, as_json: bool) -> int:
             f"{_dash(e.get('renewed_ago_s')):>9} {e.get('mark_time', '-'):<24} "
             f"{'yes' if e.get('mark_passed') else 'no':<6} {e.get('holder') or e.get('last_holder') or ''}"
         )
-    return 0
+    return 1 if conflicts else 0
 
 
 def _clusters_status(configs: list, as_json: bool) -> int:
@@ -731,11 +798,16 @@ def _clusters_status(configs: list, as_json: bool) -> int:
     (their nodes could mint the same IDs), and makes the exit status 1."""
     seen = []
     for config in configs:
-        regions, members = _read_etcd(config, lambda c: (c.regions(), c.nodes()))
-        seen.append({"cluster": config.cluster, "etcd": list(config.etcd), "regions": regions, "nodes": members})
+        regions, members, claims = _read_etcd(config, lambda c: (c.regions(), c.nodes(), _region_claims(c)))
+        entry = {"cluster": config.cluster, "etcd": list(config.etcd), "regions": regions, "nodes": members}
+        seen.append({**entry, "region_claims": claims})
     users: dict[int, list[str]] = {}
     for entry in seen:
-        for region in entry["regions"]:
+        # The regions its nodes used, and those its etcd's claims give it.
+        claimed = [
+            int(r) for r, c in entry["region_claims"].get("regions", {}).items() if c["cluster"] == entry["cluster"]
+        ]
+        for region in sorted({*entry["regions"], *claimed}):
             users.setdefault(region, []).append(entry["cluster"])
     conflicts = {region: names for region, names in sorted(users.items()) if len(names) > 1}
     if as_json:

@@ -99,3 +99,62 @@ def test_a_partitioned_node_mints_until_its_reservation_ends_and_nothing_repeats
         assert a_ids and b_ids and min(b_ids) > max(a_ids)
     spans = sorted((r[4], r[4] + r[5] - 1) for r in ok_a + ok_b)
     assert all(f2 > l1 for (_, l1), (f2, _) in zip(spans, spans[1:], strict=False)), "an ID was issued twice"
+
+
+def test_a_prefix_deleted_under_a_cut_off_long_window_node_is_waited_out_by_a_new_default_node(nodes, etcd, tmp_path):
+    # a mints through a partition with an 8 s window; while it is cut off, an operator
+    # deletes the cluster's keys; b, with the default (2 s here) window and bound, finds
+    # a store that looks new. Its quarantine comes from the region's claim (outside the
+    # deleted prefix), which recorded a's 8 s: b mints nothing a may still mint.
+    proxies = [Proxy("127.0.0.1", m.client_port) for m in etcd.members]
+    try:
+        a = nodes.start(
+            "a",
+            workers=2,
+            args=(
+                "--etcd",
+                ",".join(p.url for p in proxies),
+                "--cluster",
+                "test",
+                "--partition-minting",
+                "true",
+                *COMMON,
+            ),
+        )
+        a.wait_ready()
+        out = tmp_path / "calls.bin"
+        rec = subprocess.Popen([sys.executable, str(HARNESS / "recorder.py"), str(out), "1", "0.002", a.endpoint])
+        time.sleep(1.0)
+        for p in proxies:
+            p.sever()
+        cut = time.monotonic_ns()
+        assert etcd.ctl("del", "--prefix", "/snowfence/test/").returncode == 0
+        b = nodes.start(
+            "b",
+            workers=2,
+            args=("--etcd", ",".join(etcd.endpoints), "--cluster", "test", *COMMON[:4], *FAST_LEASES),
+        )
+        b_rec = subprocess.Popen([sys.executable, str(HARNESS / "recorder.py"), str(tmp_path / "b.bin"), "1",
+                                  "0.002", b.endpoint])  # fmt: skip
+        wait_for(lambda: len(b.ready_workers()) == 2, 30, what="b to claim both worker IDs")
+        ready_s = (time.monotonic_ns() - cut) / 1e9
+        # Until a's reservation (8 s from its last renewal) has surely run out.
+        time.sleep(max(1.5, 10.0 - (time.monotonic_ns() - cut) / 1e9))
+        for r in (rec, b_rec):
+            r.terminate()
+            r.wait(30)
+    finally:
+        for p in proxies:
+            p.close()
+    assert "mint nothing for 8000 ms" in b.log(), b.log_tail()
+    rows_a, rows_b = read_records(str(out)), read_records(str(tmp_path / "b.bin"))
+    ok_a = [r for r in rows_a if r[3] == 0]
+    ok_b = [r for r in rows_b if r[3] == 0]
+    assert ok_b, f"b served nothing ({ready_s:.1f} s to ready)"
+    assert max(r[1] for r in ok_a) > cut + 5e9, "a minted through the partition"
+    for w in (0, 1):
+        a_ids = [r[4] + r[5] - 1 for r in ok_a if LAYOUT.decompose(r[4]).worker == w]
+        b_ids = [r[4] for r in ok_b if LAYOUT.decompose(r[4]).worker == w]
+        assert not a_ids or not b_ids or min(b_ids) > max(a_ids), f"worker ID {w}: b minted below a"
+    spans = sorted((r[4], r[4] + r[5] - 1) for r in ok_a + ok_b)
+    assert all(f2 > l1 for (_, l1), (f2, _) in zip(spans, spans[1:], strict=False)), "an ID was issued twice"

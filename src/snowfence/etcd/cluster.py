@@ -14,8 +14,13 @@ from urllib.parse import quote
 
 import orjson
 
+from ..errors import LayoutMismatch, SnowfenceError
 from .client import Connection, etcd_call
 from .keys import mark_ms, place
+from .keys import range_end as _range_end
+from .regions import KEY as CLAIMS_KEY
+from .regions import RegionClaims
+from .regions import parse as parse_claims
 
 
 class Cluster(Connection):
@@ -87,6 +92,51 @@ class Cluster(Connection):
         return sorted(out)
 
     regions = etcd_call(regions)
+
+    def region_claims(self) -> RegionClaims:
+        """The region claims of this etcd (see :mod:`.regions`); raises LayoutMismatch if unreadable."""
+        return parse_claims(self._get(CLAIMS_KEY))
+
+    region_claims = etcd_call(region_claims)
+
+    def _get(self, key: str) -> bytes | None:
+        tx = self.client.transactions
+        _, responses = self.client.transaction(compare=[], success=[tx.get(key)], failure=[])
+        return responses[0][0][0] if responses[0] else None
+
+    def release_regions(self) -> list[int]:
+        """Remove this cluster's region claims (a cluster retired for good), so another
+        cluster of this etcd may claim its regions; refused while any worker ID of this
+        cluster is held. Returns the regions released."""
+        client = self.client
+        tx = client.transactions
+        for _ in range(5):
+            _, (claims_kv, held) = client.transaction(
+                compare=[],
+                success=[tx.get(CLAIMS_KEY), tx.get(self.prefix + "workers/", _range_end(self.prefix + "workers/"))],
+                failure=[],
+            )
+            if held:
+                raise SnowfenceError(
+                    f"cluster {self.config.cluster!r} still holds {len(held)} worker IDs: stop its nodes (and let "
+                    "their leases lapse) before releasing its regions"
+                )
+            value, meta = claims_kv[0] if claims_kv else (None, None)
+            claims = parse_claims(value)
+            mine = sorted(r for r, c in claims.regions.items() if c.cluster == self.config.cluster)
+            if not mine:
+                return []
+            left = claims.released(self.config.cluster)
+            ok, _ = client.transaction(
+                compare=[tx.mod(CLAIMS_KEY) == meta.mod_revision],
+                success=[tx.put(CLAIMS_KEY, left.to_bytes()) if left.regions else tx.delete(CLAIMS_KEY)],
+                failure=[],
+            )
+            if ok:
+                return mine
+        raise LayoutMismatch(f"the region claims {CLAIMS_KEY} kept changing under this command")
+
+    release_regions = etcd_call(release_regions)
 
     def census(self) -> list[dict]:
         """Every worker ID of the cluster that has a claim or a mark, in any region.
