@@ -188,9 +188,75 @@ def test_a_foreign_layout_is_refused(nodes, etcd):
     # A different epoch is a different layout too.
     c = nodes.start("c", workers=1, args=etcd_args(etcd, "test", "--epoch", "2025-01-01T00:00:00Z"))
     assert c.proc.wait(20) == 78
-    # Another cluster name is another cluster: its own layout.
-    d = nodes.start("d", workers=1, args=etcd_args(etcd, "other", "--region-bits", "2", "--worker-bits", "8"))
-    d.wait_ready()
+    # Another cluster of the same etcd, of other widths: refused whatever its region (its IDs
+    # could be the same 64 bits as this cluster's).
+    d = nodes.start(
+        "d", workers=1, args=etcd_args(etcd, "other", "--region-bits", "2", "--worker-bits", "8", "--region", "1")
+    )
+    assert d.proc.wait(20) == 78
+    assert "claimed by clusters of another layout" in d.log() and "clusters test)" in d.log()
+    # Of the same widths and another region (and another epoch: the regions keep them apart): it starts.
+    e = nodes.start("e", workers=1, args=etcd_args(etcd, "other", "--epoch", "2025-01-01T00:00:00Z", "--region", "1"))
+    e.wait_ready()
+
+
+TWO_IN_REGION_1 = ("--region", "1", "--worker-bits", "1", "--sequence-bits", "18", *FAST_LEASES)
+REGION_1_LAYOUT = Layout(worker_bits=1, sequence_bits=18)
+
+
+def test_a_second_cluster_in_a_region_of_the_same_etcd_is_refused_by_name_and_status_shows_the_claim(nodes, etcd):
+    # A typo in --cluster: two clusters, one region, one etcd. Both used to start and
+    # mint the same IDs under load; the second is now refused, and mints nothing.
+    a = nodes.start("a", workers=2, args=etcd_args(etcd, "c1", *TWO_IN_REGION_1))
+    a.wait_ready()
+    b = nodes.start("b", workers=2, args=etcd_args(etcd, "c2", *TWO_IN_REGION_1))
+    with a.client() as client:
+        seen = [blk for _ in range(20) for blk in client.reserve(4096)]
+    assert b.proc.wait(20) == 78
+    assert "region 1 of this etcd is claimed by cluster 'c1', not 'c2'" in b.log()
+    # It claimed nothing (its broker noted the region its nodes use, which status flags).
+    assert not [
+        k
+        for k in etcd.get_prefix("/snowfence/c2/")
+        if not k.startswith(("/snowfence/c2/regions/", "/snowfence/c2/nodes/"))
+    ]
+    check_blocks([[(blk.first, blk.count) for blk in seen]], REGION_1_LAYOUT)
+
+    def status(name):
+        argv = [sys.executable, "-m", "snowfence", "status", "--etcd", ",".join(etcd.endpoints), "--cluster", name]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+    shown = status("c1")
+    assert shown.returncode == 0 and "region claims of this etcd (region cluster): 1 c1" in shown.stdout
+    flagged = status("c2")
+    assert flagged.returncode == 1, flagged.stdout + flagged.stderr
+    assert "CONFLICT: region 1, which nodes of cluster 'c2' used, is claimed by cluster 'c1'" in flagged.stdout
+    # Retiring c1 gives its region up, but not while it holds worker IDs.
+    release = [sys.executable, "-m", "snowfence", "release-region", "--etcd", ",".join(etcd.endpoints)]
+    refused = subprocess.run([*release, "--cluster", "c1"], capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and "still holds 2 worker IDs" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    a.stop()
+    done = subprocess.run([*release, "--cluster", "c1"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "released the claims of cluster 'c1' on regions 1" in done.stdout, done.stderr
+    c = nodes.start("c", workers=2, args=etcd_args(etcd, "c2", *TWO_IN_REGION_1))
+    c.wait_ready(timeout_s=30)
+    with c.client() as client:
+        later = [blk for _ in range(20) for blk in client.reserve(4096)]
+    # c2's new store waited out the longest window c1 may have reserved: nothing repeats.
+    check_blocks([[(blk.first, blk.count) for blk in blocks] for blocks in (seen, later)], REGION_1_LAYOUT)
+
+
+def test_two_clusters_starting_at_once_in_one_region_of_one_etcd_one_starts(nodes, etcd):
+    first, second = (nodes.start(name, workers=1, args=etcd_args(etcd, name, *TWO_IN_REGION_1)) for name in ("p", "q"))
+    codes = {}
+    wait_for(lambda: all(n.proc.poll() is not None or n.ready_workers() for n in (first, second)), 30)
+    for n in (first, second):
+        codes[n.name] = n.proc.poll()
+    assert sorted(codes.values(), key=str) == [78, None], codes  # exactly one was refused
+    loser = first if codes["p"] == 78 else second
+    winner = "q" if loser is first else "p"
+    assert f"claimed by cluster '{winner}'" in loser.log()
 
 
 @pytest.mark.parametrize("recorded", ["{}", '{"epoch_ms": 1767225600000}', "[]"])
