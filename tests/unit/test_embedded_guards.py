@@ -24,6 +24,7 @@ from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.workers import embedded
 from snowfence.workers.embedded import FileStore, mark_checksum
 from snowfence.workers.genesis import Genesis
+from snowfence.workers.journal import Journal
 from snowfence.workers.lease import PreferenceFile, embedded_namespace, node_key
 
 HOLDER = "test"
@@ -260,6 +261,31 @@ def test_a_mark_rolled_back_below_a_recorded_token_is_passed_over(tmp_path):
     (region(tmp_path) / "worker-0.lock").unlink()
     with pytest.raises(WorkerIdUnusable, match="deleted"):
         s.try_claim(0, HOLDER, None)
+
+
+def test_a_token_the_broker_recorded_for_its_own_worker_id_guards_it_as_a_slots_does(tmp_path):
+    from snowfence.config import Config
+    from snowfence.workers.core import broker_preference_file
+
+    s = store(tmp_path)
+    broker = broker_preference_file(Config(state_dir=str(tmp_path), bind="tcp://127.0.0.1:5555"))
+    first = s.try_claim(0, HOLDER, None)
+    saved = (region(tmp_path) / "worker-0.mark").read_bytes()
+    first.release(0)
+    second = s.try_claim(0, HOLDER, None)
+    broker.write(0, second.token)  # the broker's own worker ID held it last
+    second.abandon()
+    (region(tmp_path) / "worker-0.mark").write_bytes(saved)  # a backup put back: checksum fine, token old
+    assert PreferenceFile.recorded_tokens(tmp_path, embedded_namespace(0)) == {0: second.token}
+    # A node that never saw the later mark (its own journal elsewhere): only the token tells.
+    other = FileStore(tmp_path, DEFAULT_LAYOUT, 0, journal=Journal(tmp_path / "other-journal", "embedded"))
+    other.check_layout(DEFAULT_LAYOUT)
+    with pytest.raises(WorkerIdUnusable, match=f"below token {second.token} recorded"):
+        other.try_claim(0, HOLDER, None)
+    (region(tmp_path) / "worker-0.mark").unlink()
+    (region(tmp_path) / "worker-0.lock").unlink()
+    with pytest.raises(WorkerIdUnusable, match=f"token {second.token} was recorded for it: its state was deleted"):
+        other.try_claim(0, HOLDER, None)
 
 
 def test_a_mark_from_before_checksums_is_accepted_if_consistent_and_rewritten_with_one(tmp_path):

@@ -198,10 +198,15 @@ def node_key(bind: str) -> str:
     return f"{safe}-{hashlib.sha256(bind.encode()).hexdigest()[:8]}"
 
 
+#: The names of the files that record tokens: a worker slot's, and the broker's own.
+RECORD_NAMES = ("slot-*", "broker")
+
+
 class PreferenceFile:
     """The worker ID a worker slot claimed last, so a restart asks for it again.
 
-    One file per node and slot: ``last-worker-id/<namespace>/<node>/slot-N``.
+    One file per node and slot: ``last-worker-id/<namespace>/<node>/slot-N``, and
+    ``.../<node>/broker`` for the broker's own worker ID (see ``workers/inline.py``).
     Its first line is ``<worker ID> <token>`` of the last claim; the lines after
     it keep the highest token this slot ever claimed each other worker ID with.
     Those tokens are a record of how far each worker ID's token has gone: a mark
@@ -257,11 +262,12 @@ class PreferenceFile:
 
     @staticmethod
     def recorded_tokens(state_dir: str | os.PathLike, namespace: str) -> dict[int, int]:
-        """The highest token recorded per worker ID by any node's slots in ``namespace``."""
+        """The highest token recorded per worker ID by any node's slots in ``namespace``,
+        its brokers' own included: a worker ID a broker held last is guarded as any other."""
         out: dict[int, int] = {}
         base = Path(state_dir) / "last-worker-id" / namespace
         try:
-            files = [p for p in base.rglob("slot-*") if p.suffix != ".tmp"]
+            files = [p for pattern in RECORD_NAMES for p in base.rglob(pattern) if p.suffix != ".tmp"]
         except OSError:
             return out
         for path in files:
