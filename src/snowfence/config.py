@@ -220,8 +220,10 @@ class Config:
         metavar="MS",
     )
     max_peer_offset_ms: int = setting(
-        0,
-        "Leave rotation while the clock disagrees with a majority of the cluster by more than this; 0 only measures.",
+        -1,
+        "Leave rotation, and claim no worker ID of unknown state, while the clock disagrees with a majority of "
+        "the cluster by more than this; -1 (the default) is half of max_clock_skew_ms, so that nodes in rotation "
+        "are within max_clock_skew_ms of each other; 0 only measures (the skew bound is then assumed).",
         metavar="MS",
     )
 
@@ -339,8 +341,8 @@ class Config:
             raise ConfigError(f"clock_policy must be wait or hlc, got {self.clock_policy!r}")
         if not 0 <= self.max_ahead_ms < self.reservation_window_s * 1000:
             raise ConfigError("max_ahead_ms must be below the reservation window, or minting ahead would outrun it")
-        if self.max_peer_offset_ms < 0:
-            raise ConfigError("max_peer_offset_ms must be >= 0")
+        if self.max_peer_offset_ms < -1:
+            raise ConfigError("max_peer_offset_ms must be >= 0, or -1 for half of max_clock_skew_ms")
         if not 0 <= self.max_clock_skew_ms <= 3_600_000:
             raise ConfigError(f"max_clock_skew_ms must be 0..3600000, got {self.max_clock_skew_ms}")
         if self.curve_allow and not self.curve_secret_key:
@@ -388,6 +390,11 @@ class Config:
             sequence_bits=self.sequence_bits,
             shard_bits=self.shard_bits,
         )
+
+    @property
+    def peer_offset_bound_ms(self) -> int:
+        """How far this node's clock may disagree with its peers' before it leaves rotation (0: only measure)."""
+        return self.max_clock_skew_ms // 2 if self.max_peer_offset_ms == -1 else self.max_peer_offset_ms
 
     @property
     def journal_path(self) -> str:

@@ -383,6 +383,9 @@ def encode_error(request_id: int, err: SnowfenceError) -> bytes:
 WORK = 0x01
 PING = 0x02
 STOP = 0x03
+#: The node's clock against its peers': ``CLOCK`` alone, it agrees (or is not judged);
+#: ``CLOCK`` + UTF-8 text, it disagrees, and why. Sent on every change and to each new worker.
+CLOCK = 0x04
 STATE = 0x11
 REPLY = 0x12
 REFUSED = 0x13
@@ -393,6 +396,15 @@ META_TRIES = 0x7F
 
 PING_FRAME = bytes((PING,))
 STOP_FRAME = bytes((STOP,))
+
+
+def encode_clock(veto: str | None) -> bytes:
+    return bytes((CLOCK,)) + (veto.encode() if veto else b"")
+
+
+def decode_clock(frame: bytes) -> str | None:
+    """Why the node's clock disagrees with its peers, or None if it does not."""
+    return frame[1:].decode(errors="replace") or None
 
 
 def encode_work(meta: int, addr: bytes, body: bytes) -> bytes:

@@ -211,7 +211,7 @@ class Node:
                     ctx,
                     list(self.config.peers),
                     interval_s=PEER_INTERVAL_S,
-                    bound_ms=self.config.max_peer_offset_ms,
+                    bound_ms=self.config.peer_offset_bound_ms,
                     curve=self.curve.for_peers(),
                 )
                 self.metrics.peers = self.peers
@@ -362,7 +362,9 @@ class Node:
                     event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
                 else:
                     event(log, "rejoined", "clock agrees with the cluster again")
-                routing.veto = peers.veto
+                routing.veto = peers.veto  # tells the workers
+                if self.inline is not None and self.inline.store is not None:
+                    self.inline.store.unknown_veto = peers.veto  # and the broker's own worker ID
         if self.health is not None:  # the snapshot is the HTTP thread's; building one costs ~1 ms
             self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
         return True

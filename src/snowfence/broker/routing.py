@@ -195,7 +195,7 @@ class Routing:
         self._room = True
         self.accepting = True
         #: Set while the node must not mint at all (its clock disagrees with its peers).
-        self.veto: str | None = None
+        self._veto: str | None = None
         self._describe_broker = describe_broker or (lambda: {})
         #: The answer to NODES (the broker sets it: the cluster's membership as it sees it).
         self.describe_nodes: Callable[[], dict] = lambda: {"cluster": None, "nodes": []}
@@ -566,6 +566,8 @@ class Routing:
                 slot=state.slot,
                 pid=state.pid,
             )
+            if self._veto is not None:
+                self.send_worker(ident, protocol.encode_clock(self._veto))
         link.seen_ns = now_ns
         link.status = state
         if self.metrics is not None:
@@ -692,6 +694,19 @@ class Routing:
         """Answer new and waiting requests with ``unavailable`` from now on."""
         self.accepting = False
         self.schedule()  # which now answers whatever waits
+
+    @property
+    def veto(self) -> str | None:
+        return self._veto
+
+    @veto.setter
+    def veto(self, why: str | None) -> None:
+        """Why the node's clock must not be trusted (None: it may). Its workers are told on
+        every change (and each new one when it connects): they claim no worker ID whose
+        state is unknown while it is set, since its quarantine is counted on this clock."""
+        if why != self._veto:
+            self._veto = why
+            self.broadcast(protocol.encode_clock(why))
 
     def broadcast(self, frame: bytes) -> None:
         for ident in list(self.links):

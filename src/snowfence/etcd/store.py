@@ -35,6 +35,7 @@ import orjson
 
 from ..config import Config
 from ..errors import (
+    ClockUnsafe,
     EtcdUnavailable,
     LayoutMismatch,
     LeaseLost,
@@ -323,6 +324,12 @@ class EtcdStore(Connection, Store):
                 )
             if self.journal is not None and self.journal.has_history:
                 self.journal.check_genesis(None)  # raises: the store forgot what the journal saw
+            if self.unknown_veto:
+                raise ClockUnsafe(
+                    f"the store of cluster {self.config.cluster!r} looks new, and its quarantine would be counted "
+                    f"on this node's clock, which disagrees with the cluster ({self.unknown_veto}): not created "
+                    "until it agrees"
+                )
             for _ in range(5):
                 # The region is claimed in the transaction that records the genesis, and a
                 # region another cluster holds is refused before anything is written.
@@ -730,6 +737,11 @@ class EtcdStore(Connection, Store):
                 unknown = "its mark has no store ID"
             elif store is not None and store != genesis.store_id:
                 unknown = f"its mark belongs to store {store}, not this one"
+        if unknown is not None and self.unknown_veto:
+            raise WorkerIdUnusable(
+                f"worker ID {worker_id}: {unknown}, and its quarantine would be counted on this node's clock, "
+                f"which disagrees with the cluster ({self.unknown_veto}): not claimed until it agrees"
+            )
         if unknown is not None:
             quarantine = self.quarantine_ms()
             floors.append(now_ms + quarantine)

@@ -275,6 +275,8 @@ class WorkerCore:
             if not self.stopping:
                 event(log, "stopping", "broker asked to stop; draining")
             self.stopping = True
+        elif kind == protocol.CLOCK:
+            self.clock_veto(protocol.decode_clock(frame))
         # PING only proves the broker is alive; unknown kinds are ignored.
         return start_ns
 
@@ -482,6 +484,19 @@ class WorkerCore:
             store_problem=journal.problem if journal is not None else None,
             mint_ns=latency.report(self.mint_ns),
         )
+
+    def clock_veto(self, why: str | None) -> None:
+        """The broker's verdict on this node's clock against its peers': while it disagrees,
+        claims pass over every worker ID of unknown state (see ``Store.unknown_veto``)."""
+        if self.store is not None and getattr(self.store, "unknown_veto", None) != why:
+            self.store.unknown_veto = why
+            if why:
+                event(
+                    log,
+                    "claims_vetoed",
+                    f"claiming no worker ID of unknown state while the clock disagrees with the cluster: {why}",
+                    level=logging.WARNING,
+                )
 
     # -- leases -------------------------------------------------------------------------
 

@@ -98,6 +98,11 @@ class Store:
     #: The store's genesis record, once :meth:`check_layout` has read (or written) it.
     genesis = None
 
+    #: Set (to why) while this node's clock disagrees with its peers': a worker ID of
+    #: unknown state is quarantined from this clock's "now", so none is claimed, and no
+    #: new store is created, until it agrees again (etcd; one host has one clock).
+    unknown_veto: str | None = None
+
     @property
     def passed_over(self) -> dict[int, str]:
         """Worker IDs the last claims passed over because their state cannot be
