@@ -242,3 +242,14 @@ class HostClock:
                 level=logging.ERROR,
                 step_back_ms=back_ms,
             )
+
+
+#: What a worker is told, and assumes, before its node's clock was first compared with its peers'.
+PENDING_VERDICT = "this node's clock has not been compared with its peers' yet"
+
+
+def pending_verdict(config) -> str | None:
+    """The clock verdict before any is in: pending where the node's peers will judge it
+    (etcd mode, or peers named, and a bound set), None where nothing will."""
+    judged = bool(config.peer_offset_bound_ms) and (not config.embedded or bool(config.peers))
+    return PENDING_VERDICT if judged else None

@@ -837,6 +837,8 @@ class World:
             loop_stall_s=5.0 * scale,
             # The hosts' clocks are up to 2 s apart, and drift up to 500 ppm.
             max_clock_skew_ms=2100,
+            # No broker judges the clocks here: the peers' verdict is not modelled (measure only).
+            max_peer_offset_ms=0,
             cluster="sim",
             # Small enough that the broker's limits bind: its queue, retries and overload.
             max_inflight_per_client=rng.choice([3, 8, 64]),

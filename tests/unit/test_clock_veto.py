@@ -10,6 +10,7 @@ from test_routing import Rig
 from test_worker_core import ScriptedStore, make_core
 
 from snowfence import protocol
+from snowfence.clock import PENDING_VERDICT, pending_verdict
 from snowfence.config import Config
 from snowfence.errors import ClockUnsafe, ConfigError
 
@@ -33,20 +34,38 @@ def test_the_workers_are_told_when_the_clock_disagrees_and_when_it_agrees_again(
     r = Rig(workers=2)
     w0 = r.worker(0)
     r.sent_to_workers.clear()
-    r.core.veto = WHY
-    r.core.veto = WHY  # no change, nothing sent
-    r.core.veto = None
+    r.core.clock_verdict = WHY
+    r.core.clock_verdict = WHY  # no change, nothing sent
+    r.core.clock_verdict = None
     assert clock_frames(r.sent_to_workers[w0]) == [WHY, None]
 
 
-def test_a_worker_that_connects_while_the_clock_disagrees_is_told_at_once():
-    r = Rig(workers=2)
-    r.core.veto = WHY
+def test_each_worker_is_told_the_verdict_when_it_connects_pending_until_the_peers_were_heard():
+    r = Rig(workers=2, etcd=("http://127.0.0.1:2379",), max_clock_skew_ms=1000)
+    w0 = r.worker(0)
+    assert clock_frames(r.sent_to_workers[w0]) == [PENDING_VERDICT]
+    r.core.clock_verdict = WHY
     w1 = r.worker(1)
     assert clock_frames(r.sent_to_workers[w1]) == [WHY]
-    w2 = r.worker(0)
-    r.core.veto = None
-    assert clock_frames(r.sent_to_workers[w2]) == [WHY, None]
+    r.core.clock_verdict = None
+    assert clock_frames(r.sent_to_workers[w1]) == [WHY, None]
+    assert clock_frames(r.sent_to_workers[w0]) == [PENDING_VERDICT, WHY, None]
+
+
+def test_nothing_is_pending_where_no_peer_will_judge_the_clock():
+    assert pending_verdict(Config()) is None  # embedded, no peers
+    assert pending_verdict(Config(peers=("tcp://127.0.0.1:5556",))) == PENDING_VERDICT
+    assert pending_verdict(Config(etcd=("http://127.0.0.1:2379",))) == PENDING_VERDICT
+    assert pending_verdict(Config(etcd=("http://127.0.0.1:2379",), max_peer_offset_ms=0)) is None
+
+
+def test_a_worker_claims_no_worker_id_of_unknown_state_until_the_broker_has_judged_its_clock():
+    store = ScriptedStore([])
+    make_core(store, FakeClock(), etcd=("http://127.0.0.1:2379",))
+    assert store.unknown_veto == PENDING_VERDICT
+    other = ScriptedStore([])
+    make_core(other, FakeClock())
+    assert other.unknown_veto is None
 
 
 def test_a_worker_passes_the_verdict_to_its_store():

@@ -58,7 +58,9 @@ def test_frames_in_and_out_and_a_multi_frame_request_is_refused_with_bad_request
         pump()
 
         # The worker gets WORK frames carrying each request, its return address and framing.
-        work = [protocol.split_routed(frame) for [frame] in recv_all(worker)]
+        frames = [frame for [frame] in recv_all(worker)]
+        assert frames[0] == protocol.encode_clock(None)  # first, the clock's verdict
+        work = [protocol.split_routed(frame) for frame in frames[1:]]
         assert [(meta, protocol.plain_reserve(body)) for meta, _, body in work] == [
             (0, (1, 5)),
             (protocol.META_DELIMITED, (2, 6)),

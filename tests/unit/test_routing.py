@@ -437,6 +437,8 @@ def test_once_stopping_waiting_and_new_requests_are_answered_unavailable_and_sen
 def test_broadcast_sends_a_frame_to_every_worker(rig):
     r = rig()
     workers = [r.worker(slot) for slot in range(2)]
+    for w in workers:
+        assert r.sent_to_workers.pop(w) == [protocol.encode_clock(None)]  # each is told the clock's verdict
     r.core.broadcast(protocol.STOP_FRAME)
     assert all(r.sent_to_workers.pop(w) == [protocol.STOP_FRAME] for w in workers)
 

@@ -362,9 +362,12 @@ class Node:
                     event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
                 else:
                     event(log, "rejoined", "clock agrees with the cluster again")
-                routing.veto = peers.veto  # tells the workers
-                if self.inline is not None and self.inline.store is not None:
-                    self.inline.store.unknown_veto = peers.veto  # and the broker's own worker ID
+                routing.veto = peers.veto
+            if peers.judged:
+                routing.clock_verdict = peers.veto  # tells the workers of a change
+                own = self.inline.store if self.inline is not None else None
+                if own is not None and own.unknown_veto != peers.veto:
+                    own.unknown_veto = peers.veto  # and the broker's own worker ID
         if self.health is not None:  # the snapshot is the HTTP thread's; building one costs ~1 ms
             self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
         return True

@@ -41,6 +41,9 @@ class PeerClocks:
         self._ids = itertools.count(1)
         self._next_ns = 0
         self.veto: str | None = None
+        #: Rounds sent: the first verdict is the one judged when the second round goes out,
+        #: on the answers to the first (no peers at all: nothing to disagree with).
+        self.rounds = 0
         self.set_peers(peers)
 
     def set_peers(self, peers: list[str]) -> None:
@@ -76,6 +79,7 @@ class PeerClocks:
             return
         self._next_ns = now_ns + self.interval_ns
         self._sent.clear()  # answers to older rounds no longer count
+        self.rounds += 1
         for sock in self.sockets:
             rid = next(self._ids)
             try:
@@ -105,6 +109,11 @@ class PeerClocks:
             # duration, measured on the monotonic clock.
             round_trip = (t4_mono - t1_mono) - (t3 - t2)
             self.offsets[self.sockets[sock]] = ((t2 - t1 + t3 - t4) // 2, round_trip, t4_mono)
+
+    @property
+    def judged(self) -> bool:
+        """Whether :attr:`veto` is a verdict yet (the peers have had one round to answer)."""
+        return self.rounds >= 2
 
     def judge(self, now_ns: int) -> str | None:
         """A reason to leave rotation, or None."""

@@ -66,6 +66,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import __version__, latency, protocol
+from ..clock import pending_verdict
 from ..config import Config
 from ..errors import BadRequest, ClockUnsafe, Overloaded, SnowfenceError, Unavailable
 from ..logs import event
@@ -195,7 +196,12 @@ class Routing:
         self._room = True
         self.accepting = True
         #: Set while the node must not mint at all (its clock disagrees with its peers).
-        self._veto: str | None = None
+        self.veto: str | None = None
+        #: Why this node's clock cannot be trusted to count a quarantine on (None: it can):
+        #: pending until its peers have been heard once, then the peers' verdict (see
+        #: ``clock_verdict``); told to every worker, which claims no worker ID of unknown state
+        #: while it is set.
+        self._verdict: str | None = pending_verdict(config)
         self._describe_broker = describe_broker or (lambda: {})
         #: The answer to NODES (the broker sets it: the cluster's membership as it sees it).
         self.describe_nodes: Callable[[], dict] = lambda: {"cluster": None, "nodes": []}
@@ -566,8 +572,7 @@ class Routing:
                 slot=state.slot,
                 pid=state.pid,
             )
-            if self._veto is not None:
-                self.send_worker(ident, protocol.encode_clock(self._veto))
+            self.send_worker(ident, protocol.encode_clock(self._verdict))
         link.seen_ns = now_ns
         link.status = state
         if self.metrics is not None:
@@ -696,16 +701,15 @@ class Routing:
         self.schedule()  # which now answers whatever waits
 
     @property
-    def veto(self) -> str | None:
-        return self._veto
+    def clock_verdict(self) -> str | None:
+        return self._verdict
 
-    @veto.setter
-    def veto(self, why: str | None) -> None:
-        """Why the node's clock must not be trusted (None: it may). Its workers are told on
-        every change (and each new one when it connects): they claim no worker ID whose
-        state is unknown while it is set, since its quarantine is counted on this clock."""
-        if why != self._veto:
-            self._veto = why
+    @clock_verdict.setter
+    def clock_verdict(self, why: str | None) -> None:
+        """Why this node's clock must not count a quarantine (None: it may). Its workers are
+        told on every change, and each new one when it connects."""
+        if why != self._verdict:
+            self._verdict = why
             self.broadcast(protocol.encode_clock(why))
 
     def broadcast(self, frame: bytes) -> None:

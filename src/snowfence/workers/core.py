@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import latency, protocol
-from ..clock import HostClock
+from ..clock import HostClock, pending_verdict
 from ..config import Config
 from ..errors import (
     BadRequest,
@@ -214,6 +214,9 @@ class WorkerCore:
         self.pid = pid
         self.holder = holder
         self.store = store
+        if store is not None:
+            # Until the broker says its clock agrees with its peers' (a CLOCK frame).
+            store.unknown_veto = pending_verdict(config)
         self.preferences = preferences
         self.send = send
         self.host_clock = host_clock
@@ -488,7 +491,7 @@ class WorkerCore:
     def clock_veto(self, why: str | None) -> None:
         """The broker's verdict on this node's clock against its peers': while it disagrees,
         claims pass over every worker ID of unknown state (see ``Store.unknown_veto``)."""
-        if self.store is not None and getattr(self.store, "unknown_veto", None) != why:
+        if self.store is not None and self.store.unknown_veto != why:
             self.store.unknown_veto = why
             if why:
                 event(
