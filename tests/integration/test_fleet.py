@@ -129,6 +129,58 @@ def test_brokers_measure_every_registered_node_and_the_one_whose_clock_is_off_le
     skew.close()
 
 
+def test_by_default_a_node_whose_clock_disagrees_claims_no_worker_id_of_unknown_state(
+    nodes, etcd, tmp_path, clockshim_library
+):
+    # The quarantine of a worker ID whose state was lost is counted on the claimer's clock,
+    # so it is only as good as the clock-skew bound; with the defaults (1 s skew, 500 ms
+    # to the peers) a node 900 ms off leaves rotation and claims no such worker ID.
+    from clock import ClockTable
+
+    skew = ClockTable(tmp_path / "c-clock", clockshim_library)
+    common = (
+        *etcd_args(etcd, "test", *FAST_LEASES),
+        *("--max-clock-skew-ms", "1000", "--worker-bits", "3", "--sequence-bits", "16", "--broker-mint-max-ids", "0"),
+        *("--metrics-bind", "127.0.0.1:0"),
+    )
+    # Eight worker IDs: a holds four, b and e one each, c two; c's clock disagrees with
+    # a majority of its peers (a and e) even once b has gone.
+    a = nodes.start("a", workers=1, args=(*common, "--ids-per-worker", "4"))
+    b = nodes.start("b", workers=1, args=common)
+    e = nodes.start("e", workers=1, args=common)
+    for node in (a, b, e):
+        node.wait_ready(timeout_s=30)
+    skew.shift_all(+900)
+    c = nodes.start("c", workers=2, args=common, env=skew.env())
+    c.wait_ready(timeout_s=30)
+    wait_for(
+        lambda: (lambda r: r if r[0] == 503 and "disagrees" in r[1] else None)(get(health(c), "/readyz")),
+        30,
+        what="the skewed node to leave rotation",
+    )
+    # b's worker ID loses its state: released, then its mark deleted (used, no mark: unknown).
+    [lost] = [w["worker_id"] for w in b.status()["workers"]]
+    b.stop()
+    assert etcd.ctl("del", f"/snowfence/test/marks/0/{lost}").returncode == 0
+    # One of c's workers dies; its successor finds only the unknown worker ID free until
+    # the dead one's lease lapses (4 s here), and passes over it.
+    victim = c.status()["workers"][0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    passed_over = f"worker ID {lost}: it has no mark, but it was used, and its quarantine would be counted on "
+    wait_for(lambda: passed_over in c.log(), 20, what="c to pass over the unknown worker ID")
+    wait_for(lambda: len(c.ready_workers()) == 2, 30, what="c's worker to take its own worker ID back")
+    assert f"/snowfence/test/workers/0/{lost}" not in etcd.get_prefix("/snowfence/test/workers/")
+    assert "claims_vetoed" in c.log()
+    # Once the clock agrees again, the worker ID is claimed, with its quarantine.
+    skew.shift_all(0)
+    wait_for(lambda: get(health(c), "/readyz")[0] == 200, 30, what="c to rejoin once its clock is back")
+    d = nodes.start("d", workers=1, args=common)
+    d.wait_ready(timeout_s=30)
+    assert [w["worker_id"] for w in d.status()["workers"]] == [lost]
+    assert f"worker ID {lost}: it has no mark, but it was used; its claim mints nothing for 3000 ms" in d.log()
+    skew.close()
+
+
 class Steady(threading.Thread):
     """One client, given one seed endpoint, reserving in a loop and keeping every ID."""
 
