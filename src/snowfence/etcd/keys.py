@@ -9,6 +9,9 @@ Keys, under ``/snowfence/<cluster>/``::
     marks/<region>/<worker>       {"reserved_until_ms", "token", "holder", "store", "layout"}: no lease,
                                   it outlives owners
 
+One key outside every cluster's prefix, ``/snowfence/region-claims``, records
+which cluster of the etcd mints in which region (:mod:`.regions`).
+
 The claims, marks and layout record are the lease store's (:mod:`.store`); the
 nodes and regions are the cluster's (:mod:`.cluster`), which also reads the
 claims and marks for its census.

@@ -6,7 +6,8 @@ by a lease, and its mark under ``marks/``, which outlives owners.
 A claim reads the genesis and the region's claims and marks in one
 transaction, then claims in a second one, guarded on what it read:
 ``create_revision(claim) == 0, mod_revision(mark) == seen, create_revision(genesis)
-== seen -> put(claim, lease), put(mark), [put(genesis) on a first use]``. So the
+== seen, create_revision(region claims) == seen -> put(claim, lease), put(mark),
+[put(genesis) on a first use]``. So the
 claim writes the worker ID's mark (with the store's ID and the layout's
 digest) itself: a worker ID that was claimed always has a mark. The claim key's
 ``create_revision`` is the fencing token; every later write (extending or
