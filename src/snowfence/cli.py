@@ -657,7 +657,14 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
         from .workers.journal import Journal
 
         journal = Journal(config.journal_path, "embedded")
-        store = FileStore(config.state_dir, config.layout, config.region, window_ms=window_ms, journal=journal)
+        store = FileStore(
+            config.state_dir,
+            config.layout,
+            config.region,
+            window_ms=window_ms,
+            max_ahead_ms=config.max_ahead_ms,
+            journal=journal,
+        )
         where = f"state directory {config.state_dir}"
         if store.journal.problem:
             print(f"this host's journal had refused: {store.journal.problem}")

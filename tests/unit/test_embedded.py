@@ -16,8 +16,14 @@ from snowfence.workers.embedded import FileStore
 HOLDER = "test"
 
 
+def at_epoch(layout) -> dict:
+    """A store whose clock reads its layout's epoch and whose nodes never mint ahead of it:
+    its first marks are at 0, and these tests count milliseconds from there."""
+    return {"max_ahead_ms": 0, "wall_ns": lambda: layout.epoch_ms * 1_000_000}
+
+
 def store(tmp_path, region=0, layout=DEFAULT_LAYOUT):
-    s = FileStore(tmp_path, layout, region)
+    s = FileStore(tmp_path, layout, region, **at_epoch(layout))
     s.check_layout(layout)
     return s
 

@@ -30,8 +30,14 @@ from snowfence.workers.lease import PreferenceFile, embedded_namespace, node_key
 HOLDER = "test"
 
 
+def at_epoch(layout) -> dict:
+    """A store whose clock reads its layout's epoch and whose nodes never mint ahead of it:
+    its first marks are at 0, and these tests count milliseconds from there."""
+    return {"max_ahead_ms": 0, "wall_ns": lambda: layout.epoch_ms * 1_000_000}
+
+
 def store(tmp_path, layout=DEFAULT_LAYOUT) -> FileStore:
-    s = FileStore(tmp_path, layout, 0)
+    s = FileStore(tmp_path, layout, 0, **at_epoch(layout))
     s.check_layout(layout)
     return s
 

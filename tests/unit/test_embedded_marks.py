@@ -13,8 +13,14 @@ from snowfence.workers.embedded import FileStore, Mark, mark_checksum
 EPOCH = DEFAULT_LAYOUT.epoch_ms
 
 
+def at_epoch(layout) -> dict:
+    """A store whose clock reads its layout's epoch and whose nodes never mint ahead of it:
+    its first marks are at 0, and these tests count milliseconds from there."""
+    return {"max_ahead_ms": 0, "wall_ns": lambda: layout.epoch_ms * 1_000_000}
+
+
 def store(tmp_path):
-    s = FileStore(tmp_path, DEFAULT_LAYOUT, 0)
+    s = FileStore(tmp_path, DEFAULT_LAYOUT, 0, **at_epoch(DEFAULT_LAYOUT))
     s.check_layout(DEFAULT_LAYOUT)
     return s
 

@@ -6,6 +6,8 @@ test makes the store forget or go back and checks what a claim does next.
 
 from __future__ import annotations
 
+import time
+
 import orjson
 import pytest
 from etcdrig import PREFIX, Etcd
@@ -137,3 +139,46 @@ def test_an_older_release_refuses_a_genesis_record_and_a_new_one_upgrades_a_layo
     old = Genesis.from_dict(DEFAULT_LAYOUT.to_dict())
     assert old.layout == DEFAULT_LAYOUT and not old.upgraded
     assert Genesis.from_dict(orjson.loads(orjson.dumps(genesis.to_dict()))) == genesis
+
+
+def embedded_store(state, journal_dir, now_ms: int = NOW_MS, **kw) -> FileStore:
+    wall_ns = lambda: (now_ms + DEFAULT_LAYOUT.epoch_ms) * 1_000_000  # noqa: E731
+    return FileStore(
+        state, DEFAULT_LAYOUT, 0, window_ms=5000, journal=Journal(journal_dir, "embedded"), wall_ns=wall_ns, **kw
+    )
+
+
+def test_a_new_embedded_store_mints_nothing_a_logical_clock_may_have_run_ahead_to(tmp_path):
+    # A node that minted ahead of the wall clock (hlc), killed, its state directory wiped:
+    # the store looks new, and only the bound on how far ahead it ran says where it got to.
+    s = embedded_store(tmp_path / "state", tmp_path / "j1", max_ahead_ms=1500)
+    lease = s.claim(None, "a", NOW_MS, 1000)
+    assert lease.claimed_mark_ms >= NOW_MS + 1500
+    assert s.genesis.quarantine_until_ms == NOW_MS + 1500
+    # Every claim of the new store waits it out, a second worker ID too.
+    assert s.claim(None, "a", NOW_MS, 1000).claimed_mark_ms >= NOW_MS + 1500
+    # A node started later on it takes the recorded quarantine, and does not wait again.
+    later = embedded_store(tmp_path / "state", tmp_path / "j2", now_ms=NOW_MS + 60_000)
+    assert later.claim(None, "b", NOW_MS + 60_000, 1000).claimed_mark_ms == NOW_MS + 1500
+    # The bound is max_ahead_ms's default when not given: 1000 ms.
+    t = embedded_store(tmp_path / "other", tmp_path / "j3")
+    assert t.claim(None, "c", NOW_MS, 1000).claimed_mark_ms >= NOW_MS + 1000
+
+
+def test_a_wait_policy_node_takes_the_logical_clocks_bound_for_a_new_store_too(tmp_path):
+    from snowfence.config import Config
+    from snowfence.workers.main import open_store
+
+    base = {"state_dir": str(tmp_path / "state"), "bind": "tcp://127.0.0.1:5999"}
+    config = Config(**base, clock_policy="wait", max_ahead_ms=1500)
+    store = open_store(config)
+    now_ms = time.time_ns() // 1_000_000 - config.layout.epoch_ms
+    # It mints only at its wall clock, but the other nodes of its directory may run hlc.
+    assert store.claim(None, "w", now_ms, 1000).claimed_mark_ms >= now_ms + 1500
+
+
+def test_accept_restore_of_a_store_whose_record_is_gone_waits_out_the_run_ahead_bound(tmp_path):
+    s = embedded_store(tmp_path / "state", tmp_path / "j1", max_ahead_ms=4900)
+    s.window_ms = 100  # a node with a short window of its own (as the operator's flags may say)
+    genesis = s.accept_restore("wiped")
+    assert genesis.quarantine_until_ms >= NOW_MS + 4900

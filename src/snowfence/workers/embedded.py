@@ -354,6 +354,7 @@ class FileStore(Store):
         *,
         allow_unsafe_filesystem: bool = False,
         window_ms: int = 5000,
+        max_ahead_ms: int = 1000,
         journal: Journal | None = None,
         wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
@@ -365,6 +366,9 @@ class FileStore(Store):
         self.dir = self.root / "regions" / str(region)
         #: This node's reservation window: recorded in the genesis if it is the longest.
         self.window_ms = window_ms
+        #: How far any node of this directory may mint ahead of the wall clock (``max_ahead_ms``,
+        #: set alike on every node whatever its clock policy: a node after an hlc one waits too).
+        self.max_ahead_ms = max_ahead_ms
         #: The store's genesis record, read (or written) by :meth:`check_layout`.
         self.genesis: Genesis | None = None
         #: Names of the kernel's witnesses: the state directory as its path names it.
@@ -448,8 +452,16 @@ class FileStore(Store):
             # First start: record ours by an exclusive create of a complete file
             # (link(2) fails if the name exists), so of two nodes starting at once
             # exactly one records its genesis and the other reads it back.
+            # A node that minted here before (its records since removed with the directory's
+            # other files) minted at most its logical clock's run-ahead above the host's clock:
+            # the new store mints nothing until that has passed.
             now_unix_ms = self._wall_ns() // 1_000_000
-            genesis = Genesis.create(layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms)
+            genesis = Genesis.create(
+                layout,
+                now_unix_ms=now_unix_ms,
+                window_ms=self.window_ms,
+                quarantine_until_ms=now_unix_ms - layout.epoch_ms + self.run_ahead_ms(),
+            )
             tmp = _tmp_name(path)
             try:
                 _write_synced(tmp, orjson.dumps(genesis.to_dict(), option=orjson.OPT_INDENT_2))
@@ -557,10 +569,20 @@ class FileStore(Store):
         self.genesis = genesis
         return genesis
 
+    def run_ahead_ms(self) -> int:
+        """How far above the host's clock any node of this directory may have minted: the
+        logical clock's bound, whatever this node's own clock policy (a node whose records
+        were lost holds no reservation any more, and minted only up to its clock and this).
+        Every node's reservation window is above its own bound (the configuration checks
+        it), so the windows the genesis and the journal recorded bound it too; a store that
+        looks new has neither (a journal that knew a store refuses one that looks new)."""
+        return self.max_ahead_ms
+
     def quarantine_ms(self) -> int:
         """How far past the moment it is seen a worker ID of unknown state stays unused: the
-        longest reservation window any node of this store used (one host: no clock skew)."""
-        windows = [self.window_ms, self.journal.window_ms]
+        longest reservation window any node of this store used (one host: no clock skew), and
+        no less than the logical clock's run-ahead."""
+        windows = [self.window_ms, self.journal.window_ms, self.run_ahead_ms()]
         if self.genesis is not None:
             windows.append(self.genesis.window_ms)
         return max(windows)

@@ -67,6 +67,7 @@ def open_store(config: Config) -> Store:
             config.region,
             allow_unsafe_filesystem=config.allow_unsafe_filesystem,
             window_ms=window_ms,
+            max_ahead_ms=config.max_ahead_ms,
             journal=Journal(config.journal_path, "embedded"),
         )
     from ..etcd.store import EtcdStore
