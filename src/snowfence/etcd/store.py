@@ -47,7 +47,7 @@ from ..errors import (
 from ..ids import Layout
 from ..logs import event
 from ..workers.genesis import Genesis
-from ..workers.journal import Journal
+from ..workers.journal import Journal, Known
 from ..workers.lease import Lease, Store, exclusivity_lost
 from . import keys, regions
 from .client import Connection, etcd_call
@@ -309,6 +309,7 @@ class EtcdStore(Connection, Store):
         # In one transaction: whether a claim or a mark exists is known as of the same
         # revision as the layout record's absence (another node may record it meanwhile).
         marks, claims = self.prefix + "marks/", self.prefix + "workers/"
+        known = self._known()  # what every read below is compared with (see journal.py)
         _, (layout_kv, mark_kvs, claim_kvs) = client.transaction(
             compare=[],
             success=[tx.get(key), tx.get(marks, keys.range_end(marks)), tx.get(claims, keys.range_end(claims))],
@@ -324,7 +325,7 @@ class EtcdStore(Connection, Store):
                     "were minted with is unknown, so this node will not start; put the layout record back"
                 )
             if self.journal is not None and self.journal.has_history:
-                self.journal.check_genesis(None)  # raises: the store forgot what the journal saw
+                self.journal.check_genesis(None, known=known)  # raises: the store forgot what the journal saw
             if self.unknown_veto:
                 raise ClockUnsafe(
                     f"the store of cluster {self.config.cluster!r} looks new, and its quarantine would be counted "
@@ -376,7 +377,7 @@ class EtcdStore(Connection, Store):
                 f"configured for [{layout.describe()}]; IDs from two layouts could collide, so this node "
                 "will not start"
             )
-        self._adopt(recorded, meta)
+        self._adopt(recorded, meta, known)
         if not recorded.upgraded or recorded.window_ms < self.window_ms:
             self._amend_genesis(lambda g: g)
         self._claim_region()
@@ -436,14 +437,23 @@ class EtcdStore(Connection, Store):
         _, responses = self.client.transaction(compare=[], success=[tx.get(key)], failure=[])
         return responses[0][0] if responses[0] else (None, None)
 
-    def _adopt(self, genesis: Genesis, meta) -> None:
-        """Take ``genesis`` (read with ``meta``) as the store's, after the journal agrees."""
+    def _known(self) -> Known | None:
+        """What the journal holds now: taken before a read is sent, and the read checked
+        against it, never against what the node's other processes and threads recorded
+        while the read was on its way (etcd's reads are linearizable: a read's revision is
+        at least every revision committed before it was sent)."""
+        return self.journal.known() if self.journal is not None else None
+
+    def _adopt(self, genesis: Genesis, meta, known: Known | None) -> None:
+        """Take ``genesis`` (read with ``meta``, sent after the journal held ``known``) as the
+        store's, after the journal agrees."""
         header = getattr(meta, "response_header", None)
         if self.journal is not None and genesis.upgraded:
             self.journal.check_genesis(
                 genesis,
                 cluster_id=getattr(header, "cluster_id", None),
                 revision=getattr(header, "revision", None),
+                known=known,
             )
         self.genesis = genesis
         self._genesis_revs = (meta.create_revision, meta.mod_revision)
@@ -455,6 +465,7 @@ class EtcdStore(Connection, Store):
         tx = client.transactions
         key = self.layout_key()
         for _ in range(5):
+            known = self._known()
             value, meta = self._get(key)
             if value is None:
                 raise StoreWentBack(f"the layout record {key} was deleted while this node used it")
@@ -474,7 +485,7 @@ class EtcdStore(Connection, Store):
                 genesis = dataclasses.replace(genesis, window_ms=self.window_ms)
             genesis = change(genesis)
             if genesis == before:
-                self._adopt(genesis, meta)
+                self._adopt(genesis, meta, known)
                 return genesis
             ok, responses = client.transaction(
                 compare=[tx.mod(key) == meta.mod_revision],
@@ -491,7 +502,7 @@ class EtcdStore(Connection, Store):
                         level=logging.WARNING,
                         store=genesis.store_id,
                     )
-                self._adopt(genesis, responses[1][0][1])
+                self._adopt(genesis, responses[1][0][1], known)
                 return genesis
         raise EtcdUnavailable(f"the layout record {key} kept changing under this node")
 
@@ -595,6 +606,7 @@ class EtcdStore(Connection, Store):
         client = self.client
         tx = client.transactions
         claims, marks = f"{self.prefix}workers/{self.region}/", f"{self.prefix}marks/{self.region}/"
+        known = self._known()
         _, (genesis_kv, claim_kvs, mark_kvs, claims_kv) = client.transaction(
             compare=[],
             success=[
@@ -612,7 +624,7 @@ class EtcdStore(Connection, Store):
             self._claim_region()
         if not genesis_kv:
             if self.journal is not None:
-                self.journal.check_genesis(None)
+                self.journal.check_genesis(None, known=known)
             raise StoreWentBack(
                 f"the layout record {self.layout_key()} was deleted while this node used cluster "
                 f"{self.config.cluster!r}; claims are refused until an operator runs `snowfence accept-restore`"
@@ -624,7 +636,7 @@ class EtcdStore(Connection, Store):
         if not genesis.upgraded:
             genesis = self._amend_genesis(lambda g: g)  # put back in its older release's form
         else:
-            self._adopt(genesis, meta)
+            self._adopt(genesis, meta, known)
         self._marks = {}
         for value, mark_meta in mark_kvs:
             place = keys.place(mark_meta.key, self.prefix + "marks/")
@@ -636,7 +648,7 @@ class EtcdStore(Connection, Store):
                     ms = keys.mark_ms(orjson.loads(value), self.layout)
                 except (KeyError, TypeError, ValueError):
                     ms = None
-                self.journal.check_mark(self.region, place[1], mark_meta.mod_revision, ms)
+                self.journal.check_mark(self.region, place[1], mark_meta.mod_revision, ms, known=known)
         if self.journal is not None:
             self.journal.save_if_changed()
         taken = set()
@@ -783,6 +795,7 @@ class EtcdStore(Connection, Store):
                 # Its first claim: the genesis learns it was used, in the same transaction.
                 compare.append(tx.mod(genesis_key) == genesis_mod)
                 success.append(tx.put(genesis_key, orjson.dumps(self.genesis.using(self.region, worker_id).to_dict())))
+            known = self._known()
             ok, responses = client.transaction(
                 compare=compare,
                 success=[*success, tx.get(claim_key), tx.get(mark_key)],
@@ -794,7 +807,7 @@ class EtcdStore(Connection, Store):
                 return None  # claimed, or changed, since we read it: another pass reads again
             # Only the genesis moved (another worker ID's first claim): read it again, and retry.
             value, meta = responses[0][0]
-            self._adopt(self._parse_genesis(value), meta)
+            self._adopt(self._parse_genesis(value), meta, known)
         else:
             return None
         claim_meta, mark_meta = responses[-2][0][1], responses[-1][0][1]

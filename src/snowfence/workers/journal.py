@@ -25,6 +25,14 @@ refused by name (:class:`~snowfence.errors.StoreWentBack`), and stays refused
 until an operator accepts the restore; then claims take the journal's
 millisecond floors from before it.
 
+A read is compared only with what the journal held before the read was sent
+(:meth:`Journal.known`), never with what the node's other processes and threads
+recorded while it was on its way: their later revisions are merged in
+meanwhile, and a read sent before them may rightly return less. etcd's reads
+are linearizable (the client never asks for serializable ones), so a read's
+revision is at least every revision committed before it was sent, on whichever
+member serves it: only a restore makes it lower than one known then.
+
 One file, ``<journal_dir>/<name>.json`` (by default ``<state_dir>/journal/``;
 better on another disk: a wiped or restored state directory then leaves it),
 for all processes of the nodes that share it: each keeps the whole journal in memory and
@@ -36,10 +44,12 @@ at their next write.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import orjson
@@ -60,6 +70,23 @@ def epoch_key(store_id: str, cluster_id: int | None, restore_id: str | None) -> 
 
 def _mark_key(region: int, worker_id: int) -> str:
     return f"{region}/{worker_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+    """What a journal held at one moment (:meth:`Journal.known`): what a read sent after
+    it may be compared with. A revision below one known then can only be a store that
+    went back; one below a revision recorded since, by another process or thread of the
+    node, is a read that was on its way while that was written."""
+
+    #: epoch key -> the highest etcd revision known
+    revisions: Mapping[str, int]
+    #: epoch key -> mark key -> the newest mark revision known
+    marks: Mapping[str, Mapping[str, int]]
+
+    @property
+    def has_history(self) -> bool:
+        return bool(self.revisions)
 
 
 class Journal:
@@ -218,6 +245,18 @@ class Journal:
     def has_history(self) -> bool:
         return bool(self.epochs)
 
+    def known(self) -> Known:
+        """What the journal holds now: take it before sending a read, and check the read
+        against it (``known=``), not against what was merged in while it was on its way."""
+        with self._lock:
+            return self._known()
+
+    def _known(self) -> Known:
+        return Known(
+            revisions={key: epoch["revision"] for key, epoch in self.epochs.items()},
+            marks={key: {m: mark[0] for m, mark in epoch["marks"].items()} for key, epoch in self.epochs.items()},
+        )
+
     def _went_back(self, what: str) -> StoreWentBack:
         """Record what went back (sticky, persisted) and the error that refuses claims."""
         if self.problem is None:
@@ -238,15 +277,26 @@ class Journal:
             raise StoreWentBack(self.problem)
 
     def check_genesis(
-        self, genesis: Genesis | None, cluster_id: int | None = None, revision: int | None = None
+        self,
+        genesis: Genesis | None,
+        cluster_id: int | None = None,
+        revision: int | None = None,
+        known: Known | None = None,
     ) -> None:
         """Compare the store's genesis (None: it has none) with what this node saw.
 
         Accepts a restore an operator accepted since (a genesis whose ``restore``
         this node has not taken yet); raises StoreWentBack for anything that went
         back, and from then on until a restore is accepted.
+
+        ``known``: what the journal held before the read was sent (:meth:`known`);
+        the revision and a missing genesis are compared with it. None: the read
+        was sent after everything the journal holds now (a file store reads under
+        the locks that order it after every write the journal holds).
         """
         with self._lock:
+            if known is None:
+                known = self._known()
             if genesis is not None and genesis.store_id is not None:
                 self.window_ms = max(self.window_ms, genesis.window_ms)
                 restore_id = genesis.restore.id if genesis.restore else None
@@ -270,7 +320,10 @@ class Journal:
             if self.problem is not None:
                 raise StoreWentBack(self.problem)
             if genesis is None or genesis.store_id is None:
-                if self.epochs:
+                # Gone from a read sent after this node saw the store: deleted. A read sent
+                # before another process of the node recorded it (a new store, created by
+                # that process meanwhile) proves nothing.
+                if known.has_history:
                     raise self._went_back(
                         f"the store's layout record is gone, but this node's journal {self.path} shows it held "
                         "worker IDs: its keys or files were deleted (or it is another, empty store); claims "
@@ -297,9 +350,10 @@ class Journal:
                 return
             self.current = key
             if revision is not None:
-                if revision < epoch["revision"]:
+                before = known.revisions.get(key)
+                if before is not None and revision < before:
                     raise self._went_back(
-                        f"etcd's revision went back from {epoch['revision']} (seen by this node) to {revision}: "
+                        f"etcd's revision went back from {before} (seen by this node) to {revision}: "
                         "etcd was restored from an older snapshot; claims are refused until an operator runs "
                         "`snowfence accept-restore`"
                     )
@@ -316,13 +370,15 @@ class Journal:
     def _latest(self) -> str:
         return max(self.epochs, key=lambda k: self.epochs[k]["seq"])
 
-    def check_mark(self, region: int, worker_id: int, rev: int, ms: int | None) -> None:
+    def check_mark(self, region: int, worker_id: int, rev: int, ms: int | None, known: Known | None = None) -> None:
         """Compare a worker ID's mark in the store with the journal's, and note it if it is newer.
 
         Raises StoreWentBack if it went back: a lower revision than the journal
-        saw (a copy put back, a restored store), or the same revision with
-        another millisecond. A mark that is gone, or set lower at a newer
-        revision, is not refused: the journal's floor (:meth:`floor_ms`) stands in."""
+        saw before the read was sent (``known``, as for :meth:`check_genesis`: a
+        copy put back, a restored store), or a revision the journal saw with
+        another millisecond (in any order: one revision holds one value). A mark
+        that is gone, or set lower at a newer revision, is not refused: the
+        journal's floor (:meth:`floor_ms`) stands in."""
         with self._lock:
             if self.problem is not None:
                 raise StoreWentBack(self.problem)
@@ -331,10 +387,17 @@ class Journal:
                 return
             mkey = _mark_key(region, worker_id)
             seen = epoch["marks"].get(mkey)
-            if seen is not None and (rev < seen[0] or (rev == seen[0] and ms != seen[1])):
+            if known is None:
+                before = seen[0] if seen is not None else None
+            else:
+                before = known.marks.get(self.current, {}).get(mkey)
+            older = before is not None and rev < before
+            if older or (seen is not None and rev == seen[0] and ms != seen[1]):
+                saw_rev = before if older else seen[0]
+                saw = f"revision {saw_rev}" + (f" at {seen[1]} ms" if seen is not None and seen[0] == saw_rev else "")
                 what = (
                     f"the mark of worker ID {worker_id} (region {region}) went back: the store has revision {rev} "
-                    f"at {ms} ms, this node's journal saw revision {seen[0]} at {seen[1]} ms"
+                    f"at {ms} ms, this node's journal saw {saw}"
                 )
                 if not self.marks_store_wide:
                     raise WorkerIdUnusable(
