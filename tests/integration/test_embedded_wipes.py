@@ -1,24 +1,46 @@
 """An embedded state directory wiped under nodes that minted from it: real `snowfence
 serve` processes, every block kept and compared.
 
-A wiped directory once gave the same IDs to two owners this way: a node killed while its
-logical clock ran ahead, restarted at once on its wiped directory. The test asserts that
-no ID is issued twice and that no worker ID goes below an earlier ID of its own, whichever
-node minted it.
+Each test is a way a wiped directory once gave the same IDs to two owners: a node on a
+second path to the directory (a bind mount) while the first still held its worker IDs,
+and a node killed while its logical clock ran ahead, restarted at once on its wiped
+directory. Each asserts that no ID is issued twice and that no worker ID goes below an
+earlier ID of its own, whichever node minted it.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import threading
 import time
 
+import leftovers
+import orjson
 import pytest
 from checks import check_blocks
+from disk import is_root
 from nodes import TWO_HOPS, wait_for
 
 from snowfence.errors import SnowfenceError
 from snowfence.ids import DEFAULT_LAYOUT, Layout
+
+#: Two worker IDs per region: the first node's two workers hold both.
+TWO = ("--worker-bits", "1", "--sequence-bits", "18")
+TWO_LAYOUT = Layout(time_bits=41, region_bits=3, worker_bits=1, sequence_bits=18)
+#: A keep-alive long enough that a holder goes on minting for seconds after its files are gone.
+SLOW_KEEPER = (
+    "--keepalive-interval-s",
+    "8",
+    "--fence-after-s",
+    "9",
+    "--lease-ttl-s",
+    "10",
+    "--reservation-window-s",
+    "20",
+    "--max-reservation-window-s",
+    "20",
+)
 
 
 class Load:
@@ -75,6 +97,73 @@ def below_earlier(before, after, layout: Layout) -> dict[int, tuple[int, int]]:
             w = layout.decompose(f).worker
             low[w] = min(low.get(w, 1 << 63), f)
     return {w: (low[w], high[w]) for w in low if w in high and low[w] <= high[w]}
+
+
+@pytest.fixture
+def bind_mount():
+    """``bind_mount(source, target)``: ``mount --bind``, unmounted at teardown (after the
+    nodes, which the test asks for after this fixture). Skips, saying why, where mounting
+    is not permitted."""
+    mounted = []
+
+    def mount(source, target):
+        target.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True, text=True)
+        if p.returncode != 0:
+            who = "as root" if is_root() else "without root (mount needs CAP_SYS_ADMIN)"
+            pytest.skip(f"mount --bind is not permitted here, running {who}: {p.stderr.strip()}")
+        leftovers.register_mount(target)
+        mounted.append(target)
+        return target
+
+    yield mount
+    for target in reversed(mounted):
+        if subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(target)], check=True)
+
+
+def mark_revisions(state) -> dict[str, int]:
+    out = {}
+    for mark in (state / "regions" / "0").glob("worker-*.mark"):
+        try:
+            out[mark.name] = orjson.loads(mark.read_bytes())["rev"]
+        except (OSError, orjson.JSONDecodeError, KeyError):
+            pass
+    return out
+
+
+def test_a_node_on_a_bind_mount_of_a_wiped_state_dir_never_takes_a_live_holders_worker_id(bind_mount, nodes, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    alias = bind_mount(state, tmp_path / "alias")
+    args = (*TWO, *SLOW_KEEPER)
+    # a's journal is kept elsewhere, as OPERATIONS.md advises: c finds no trace of a in the
+    # wiped directory, and only the kernel's witness stands between them.
+    a = nodes.start("a", workers=2, state_dir=state, args=(*args, "--journal-dir", str(tmp_path / "a-journal")))
+    a.wait_ready(timeout_s=30)
+    load_a = Load(a, threads=2)
+    wait_for(lambda: load_a.ids() > 20_000, 20, what="a to serve")
+    # Just after one of a's keep-alives: its holders go on minting for up to 8 s before
+    # their next check can see their files gone.
+    revs = mark_revisions(state)
+    wait_for(lambda: mark_revisions(state) != revs, 20, interval_s=0.01, what="a keep-alive of a")
+    for name in ("layout.json", "regions", "last-worker-id", "journal"):
+        path = state / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    c = nodes.start("c", workers=2, state_dir=alias, args=args)
+    load_c = Load(c, threads=2)
+    wait_for(lambda: "cannot claim a worker ID" in c.log() or "claimed worker ID" in c.log(), 20, what="c to claim")
+    # a's holders find their lock files gone at their next check, and stop.
+    wait_for(lambda: a.log().count("lease_exclusivity_lost") >= 2, 25, what=f"a to fence; log:\n{a.log_tail()}")
+    time.sleep(3)  # c may claim what a gave up, and mint
+    before, after = load_a.stop(), load_c.stop()
+    assert load_a.ids() > 20_000, a.log_tail()
+    assert repeated_ids(before + after) == 0, f"{repeated_ids(before + after)} IDs issued twice"
+    check_blocks(before + after, TWO_LAYOUT)
+    below = below_earlier(before, after, TWO_LAYOUT)
+    assert not below, f"c minted below a's IDs of the same worker ID: {below}"
+    # Not by luck: c's first claims found both worker IDs held, through the other path.
+    assert "every worker ID of region 0 is taken" in c.log(), c.log_tail()
 
 
 @pytest.mark.parametrize("restarted_policy", ["hlc", "wait"])

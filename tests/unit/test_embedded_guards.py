@@ -50,7 +50,8 @@ def elsewhere(tmp_path, layout=DEFAULT_LAYOUT) -> FileStore:
     """The store as a process in another network namespace sees it: the kernel's witness
     (an abstract socket) is not shared there, so only the files and their locks guard."""
     s = store(tmp_path, layout)
-    s._witness_prefix += "-elsewhere"
+    names = s.witness_names
+    s.witness_names = lambda worker_id: tuple(name + "-elsewhere" for name in names(worker_id))
     return s
 
 
@@ -87,7 +88,7 @@ def test_two_holders_of_different_lock_files_at_one_path_cannot_both_extend(tmp_
     new = elsewhere(tmp_path).try_claim(0, "second", None)
     assert new is not None, "a new lock file at the path can be locked"
     assert new.claimed_mark_ms == 5_000 and new.token == old.token + 1  # it waits out the old mark
-    with pytest.raises(LeaseLost, match="replaced"):
+    with pytest.raises(LeaseLost, match="replaced by another file; a live process that could not see this holder"):
         old.extend(9_000)
     assert s.read_mark(0) == (5_000, new.token), "the stale holder wrote nothing"
     with pytest.raises(LeaseLost):
@@ -98,6 +99,66 @@ def test_two_holders_of_different_lock_files_at_one_path_cannot_both_extend(tmp_
     with pytest.raises(LeaseLost):
         old.release(0)
     assert old.released and s.read_mark(0) == (9_000, new.token)
+
+
+def wipe(state) -> None:
+    """Remove everything under ``state``, as ``rm -rf state/*`` does; the directory stays."""
+    for entry in state.iterdir():
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def test_a_second_path_to_the_directory_finds_a_live_holders_worker_id_taken_after_a_wipe(tmp_path):
+    state, link = tmp_path / "state", tmp_path / "link"
+    state.mkdir()
+    link.symlink_to(state)
+    holder = store(state).try_claim(0, HOLDER, None)
+    wipe(state)  # nothing in the files says worker ID 0 is held
+    by_link = store(link)
+    # As a bind mount's or a container's path would, this path hashes to another name:
+    # only the directory's device and inode still name the same witness.
+    by_link._witness_prefix = "snowfence:another-path"
+    assert by_link.witness_names(0)[1] == store(state).witness_names(0)[1]
+    assert by_link.witness_names(0)[0] != store(state).witness_names(0)[0]
+    assert by_link.try_claim(0, "second", None) is None, "claimed a worker ID a live process holds"
+    assert by_link.unheld() == DEFAULT_LAYOUT.max_worker
+    holder.abandon()  # its process died: the kernel frees both names
+    assert by_link.try_claim(0, "second", None) is not None
+
+
+def test_a_directory_made_anew_at_the_path_finds_a_live_holders_worker_id_taken(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    first = store(state)
+    holder, bound = first.try_claim(0, HOLDER, None), first.witness_names(0)
+    old = os.open(state, os.O_RDONLY | os.O_DIRECTORY)  # its inode is not free to be reused
+    try:
+        shutil.rmtree(state)
+        state.mkdir()
+        again = store(state)
+        path_name, dir_name = again.witness_names(0)
+        assert path_name == bound[0] and dir_name != bound[1]  # only the path's name is the one it bound
+        assert again.try_claim(0, "second", None) is None, "claimed a worker ID a live process holds"
+        holder.abandon()
+        assert again.try_claim(0, "second", None) is not None
+    finally:
+        os.close(old)
+
+
+def test_a_worker_id_whose_directory_witness_alone_is_taken_is_passed_over_and_its_path_witness_let_go(tmp_path):
+    import socket
+
+    s = store(tmp_path)
+    taken = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    taken.bind(s.witness_names(0)[1])  # bound through another path to this directory
+    try:
+        assert s.try_claim(0, HOLDER, None) is None
+        assert not region(tmp_path).joinpath("worker-0.lock").exists(), "it claimed nothing"
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        probe.bind(s.witness_names(0)[0])  # the name it did bind, it let go
+        probe.close()
+    finally:
+        taken.close()
+    assert s.try_claim(0, HOLDER, None) is not None
 
 
 def test_a_mark_taken_over_by_another_token_loses_the_lease(tmp_path):
@@ -541,7 +602,7 @@ def test_thousands_of_renewals_and_busy_claims_leak_no_descriptors(fast_dir):
     finally:
         gc.enable()
     lease.release(minter.last_ms)
-    assert open_fds() == before - 2  # the lock's descriptor and the witness socket, and nothing else, were closed
+    assert open_fds() == before - 3  # the lock's descriptor and the two witness sockets, and nothing else, were closed
 
 
 def test_a_region_lock_held_elsewhere_is_a_retriable_refusal_that_changes_nothing(tmp_path):
@@ -627,3 +688,25 @@ def test_a_preference_file_with_a_bad_line_keeps_the_tokens_on_its_other_lines(t
     assert PreferenceFile.parse(pref.path.read_text()) == [(3, 17), (5, 9)]
     pref.write(4, 2)
     assert sorted(PreferenceFile.parse(pref.path.read_text())) == [(3, 17), (4, 2), (5, 9)]
+
+
+def test_a_worker_id_seen_held_and_then_found_with_no_record_waits_out_its_holders_run_ahead(tmp_path):
+    # A holder (hlc) whose directory was wiped under it mints until its next check finds
+    # its files gone, up to its run-ahead above the clock; a claimer that saw it held
+    # takes the worker ID after that, long after the new store's own wait has passed.
+    state = tmp_path / "state"
+    state.mkdir()
+    now = [0]
+    holder = store(state).try_claim(0, HOLDER, None)
+    wipe(state)
+    claimer = FileStore(state, DEFAULT_LAYOUT, 0, max_ahead_ms=1000, wall_ns=lambda: now[0] * 1_000_000)
+    now[0] = DEFAULT_LAYOUT.epoch_ms + 50_000
+    claimer.check_layout(DEFAULT_LAYOUT)
+    assert claimer.genesis.quarantine_until_ms == 51_000
+    assert claimer.try_claim(0, "second", None) is None  # its witness is taken
+    now[0] += 8_000  # the holder's next check: its lock file is gone, it lets go
+    holder.abandon()
+    lease = claimer.try_claim(0, "second", None)
+    assert lease.claimed_mark_ms >= 59_000, "it minted where the holder may have run ahead to"
+    # A worker ID nobody was seen holding takes the new store's wait alone.
+    assert claimer.try_claim(1, "second", None).claimed_mark_ms == 51_000

@@ -23,12 +23,23 @@ directory's flock, which every claim takes too, so a second process that locked
 a new lock file at the same path (the old one deleted) and a holder of the old
 one cannot interleave: one of them sees the other's token and drops the worker ID.
 
-Files can be deleted; the kernel's own records cannot. A holder also keeps an
-abstract unix socket bound, named after the state directory's path, its region
-and the worker ID: the kernel frees the name when the process dies, and no file
-operation touches it. A claimer that finds the name taken passes over the worker
-ID, whatever the directory says: so a state directory wiped under live holders
-gives their worker IDs to nobody else while they run.
+Files can be deleted; the kernel's own records cannot. A holder also keeps two
+abstract unix sockets bound, each named after the state directory, its region and
+the worker ID: one names the directory by its real path (a directory removed and
+made again there is the same store to a claimer), the other by its device and
+inode (a bind mount, a symlink or a container's own mount of it is the same
+directory, whatever its path). The kernel frees the names when the process dies,
+and no file operation touches them. A claimer that finds either name taken passes
+over the worker ID, whatever the directory says: so a state directory wiped under
+live holders gives their worker IDs to nobody else while they run.
+
+Abstract socket names live in a network namespace: a node in another one (another
+container that does not share the host's network) sees neither name. Such a node
+is guarded by the files alone: a holder whose lock file was removed or replaced,
+or whose mark another process wrote, fences at its next keeper check, and says
+so when a live process it could not see holds the new lock file; until that
+check (one keep-alive interval) it may mint as a worker ID a node there claimed
+on a wiped directory.
 
 State that is missing or inconsistent is never read as "fresh". A worker ID is
 passed over, with the reason logged and shown in ``snowfence status``, when its
@@ -122,6 +133,29 @@ def _mark_layout(path: Path) -> str | None:
     except (OSError, orjson.JSONDecodeError):
         return None
     return doc.get("layout") if isinstance(doc, dict) and isinstance(doc.get("layout"), str) else None
+
+
+def _unseen_holder(lock_path: Path) -> str:
+    """Why a lock file at a holder's path is not its own, if a live process holds it: that
+    process claimed while this holder still had the kernel's witnesses bound, so it could
+    not see them. Only on the way to fencing: one open and one flock."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return (
+                "; a live process that could not see this holder's witnesses holds the new one (a node in another "
+                "network namespace, such as another container, or on another path to a directory made anew: "
+                "only the files guard then)"
+            )
+        return ""
+    finally:
+        os.close(fd)
+    return ""
 
 
 def mark_checksum(doc: dict) -> str:
@@ -222,7 +256,7 @@ class FileLease(Lease):
         holder: str,
         *,
         rev: int = 0,
-        witness: socket.socket | None = None,
+        witnesses: tuple[socket.socket, ...] = (),
     ) -> None:
         super().__init__(store.region, worker_id, token, mark_ms)
         self._store = store
@@ -233,8 +267,8 @@ class FileLease(Lease):
         self.holder = holder
         #: The revision of the mark we wrote last: the mark at the path must still be it.
         self.rev = rev
-        #: The abstract socket that tells other claimers, through the kernel, that we hold it.
-        self._witness = witness
+        #: The abstract sockets that tell other claimers, through the kernel, that we hold it.
+        self._witnesses = witnesses
 
     def _lost(self, why: str) -> LeaseLost:
         return exclusivity_lost(self, why)
@@ -256,7 +290,7 @@ class FileLease(Lease):
         except OSError as exc:
             raise StateDirError(f"cannot check the lock file {lock_path}: {exc.strerror or exc}") from None
         if (st.st_dev, st.st_ino) != self.lock_id:
-            raise self._lost(f"its lock file {lock_path} was replaced by another file")
+            raise self._lost(f"its lock file {lock_path} was replaced by another file" + _unseen_holder(lock_path))
         mark = None
         try:
             mark = self._store.mark(self.worker_id)
@@ -332,12 +366,12 @@ class FileLease(Lease):
         # here: the descriptor is taken once, so it is closed once.
         with self._abandon_lock:
             fd, self._fd = self._fd, -1
-            witness, self._witness = self._witness, None
+            witnesses, self._witnesses = self._witnesses, ()
             self.released = True
         if fd >= 0:
             os.close(fd)  # closing the descriptor drops the flock
-        if witness is not None:
-            witness.close()  # and the kernel's name: claimers may try it again
+        for witness in witnesses:
+            witness.close()  # and the kernel's names: claimers may try it again
 
     def describe(self) -> dict:
         return {**super().describe(), "store": "embedded"}
@@ -371,7 +405,10 @@ class FileStore(Store):
         self.max_ahead_ms = max_ahead_ms
         #: The store's genesis record, read (or written) by :meth:`check_layout`.
         self.genesis: Genesis | None = None
-        #: Names of the kernel's witnesses: the state directory as its path names it.
+        #: Worker IDs this process found held by a live process (its witness taken): one of
+        #: them later found without lock or mark was held with no record left of it.
+        self._seen_held: set[int] = set()
+        #: The first name of the kernel's witnesses: the state directory as its real path names it.
         self._witness_prefix = "snowfence:" + hashlib.sha256(os.fsencode(os.path.realpath(self.root))).hexdigest()[:24]
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -718,41 +755,71 @@ class FileStore(Store):
                 break
             if worker_id in self.passed_over:
                 continue
-            witness = self._bind_witness(worker_id)
-            if witness is not None:
-                witness.close()
+            witnesses = self._bind_witnesses(worker_id)
+            if witnesses is not None:
+                for witness in witnesses:
+                    witness.close()
                 free += 1
         return free
 
-    def _bind_witness(self, worker_id: int) -> socket.socket | None:
-        """The kernel's witness that this process holds ``worker_id``; None if a live process holds it."""
-        name = f"\0{self._witness_prefix}:{self.region}:{worker_id}"
+    def witness_names(self, worker_id: int) -> tuple[str, str]:
+        """The abstract socket names a holder of ``worker_id`` binds: the state directory by
+        its real path (a directory removed and made again at that path is still this store
+        to a claimer), and by its device and inode (a bind mount, a symlink or a container's
+        own mount of it is the same directory, whatever its path)."""
         try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        except OSError as exc:  # out of descriptors, say
-            raise StateDirError(f"cannot open the holder's witness socket for worker ID {worker_id}: {exc}") from None
-        try:
-            sock.bind(name)
+            st = os.stat(self.root)
         except OSError as exc:
-            sock.close()
-            if exc.errno == errno.EADDRINUSE:
-                return None
-            raise StateDirError(f"cannot bind the holder's witness socket for worker ID {worker_id}: {exc}") from None
-        return sock
+            raise StateDirError(f"state directory {self.root} is not usable: {exc.strerror or exc}") from None
+        where = f"{self.region}:{worker_id}"
+        return f"\0{self._witness_prefix}:{where}", f"\0snowfence:dir-{st.st_dev:x}-{st.st_ino:x}:{where}"
+
+    def _bind_witnesses(self, worker_id: int) -> tuple[socket.socket, ...] | None:
+        """The kernel's witnesses that this process holds ``worker_id``; None if a live process
+        holds either name (then a name bound before it is let go at once)."""
+        bound: list[socket.socket] = []
+        try:
+            for name in self.witness_names(worker_id):
+                try:
+                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                except OSError as exc:  # out of descriptors, say
+                    raise StateDirError(
+                        f"cannot open the holder's witness socket for worker ID {worker_id}: {exc}"
+                    ) from None
+                try:
+                    sock.bind(name)
+                except OSError as exc:
+                    sock.close()
+                    if exc.errno == errno.EADDRINUSE:
+                        for witness in bound:
+                            witness.close()
+                        return None
+                    raise StateDirError(
+                        f"cannot bind the holder's witness socket for worker ID {worker_id}: {exc}"
+                    ) from None
+                bound.append(sock)
+        except BaseException:
+            for witness in bound:
+                witness.close()
+            raise
+        return tuple(bound)
 
     def try_claim(
         self, worker_id: int, holder: str, max_mark_ms: int | None, now_ms: int | None = None
     ) -> FileLease | None:
-        witness = self._bind_witness(worker_id)
-        if witness is None:
+        witnesses = self._bind_witnesses(worker_id)
+        if witnesses is None:
+            self._seen_held.add(worker_id)
             return None  # a live process holds it, whatever the files say
         try:
-            lease = self._claim(worker_id, holder, max_mark_ms, now_ms, witness)
+            lease = self._claim(worker_id, holder, max_mark_ms, now_ms, witnesses)
         except BaseException:
-            witness.close()
+            for witness in witnesses:
+                witness.close()
             raise
         if lease is None:
-            witness.close()
+            for witness in witnesses:
+                witness.close()
         return lease
 
     def _unknown_floor(self, worker_id: int, now_ms: int | None, why: str) -> int:
@@ -794,6 +861,21 @@ class FileStore(Store):
             witness = "genesis record says it was used" if used_before[0] else "journal saw it"
             why = f"its mark is gone, but the {witness}"
             mark_ms = max(known_ms, self._unknown_floor(worker_id, now_ms, why))
+        elif worker_id in self._seen_held:
+            # A live process held it and the store kept no record of it (wiped under its
+            # holder): that holder let go since (its witness is free), so it minted at most
+            # the logical clock's run-ahead above now, which may be past the new store's wait.
+            now_ms = self._wall_ns() // 1_000_000 - self.layout.epoch_ms if now_ms is None else now_ms
+            mark_ms = max(genesis.quarantine_until_ms, now_ms + self.run_ahead_ms())
+            event(
+                log,
+                "worker_id_unknown",
+                f"worker ID {worker_id}: a live process held it with no lock or mark left in the store; its claim "
+                f"mints nothing for {self.run_ahead_ms()} ms (the logical clock's run-ahead)",
+                level=logging.WARNING,
+                worker_id=worker_id,
+                quarantine_ms=self.run_ahead_ms(),
+            )
         else:
             mark_ms = genesis.quarantine_until_ms
         # Its mark comes before its lock file, so a crash before the lock file exists
@@ -804,7 +886,12 @@ class FileStore(Store):
             raise StateDirError(f"cannot write mark file {mark_path}: {exc.strerror or exc}") from None
 
     def _claim(
-        self, worker_id: int, holder: str, max_mark_ms: int | None, now_ms: int | None, witness: socket.socket
+        self,
+        worker_id: int,
+        holder: str,
+        max_mark_ms: int | None,
+        now_ms: int | None,
+        witnesses: tuple[socket.socket, ...],
     ) -> FileLease | None:
         lock_path, mark_path = self.paths(worker_id)
         with self.region_lock():
@@ -862,7 +949,9 @@ class FileStore(Store):
             except BaseException:
                 os.close(fd)
                 raise
-        return FileLease(self, fd, (st.st_dev, st.st_ino), worker_id, token, mark_ms, holder, rev=rev, witness=witness)
+        return FileLease(
+            self, fd, (st.st_dev, st.st_ino), worker_id, token, mark_ms, holder, rev=rev, witnesses=witnesses
+        )
 
     def describe(self) -> dict:
         return {"store": "embedded", "state_dir": str(self.root)}
