@@ -129,12 +129,10 @@ def test_brokers_measure_every_registered_node_and_the_one_whose_clock_is_off_le
     skew.close()
 
 
-def test_by_default_a_node_whose_clock_disagrees_claims_no_worker_id_of_unknown_state(
-    nodes, etcd, tmp_path, clockshim_library
-):
-    # The quarantine of a worker ID whose state was lost is counted on the claimer's clock,
-    # so it is only as good as the clock-skew bound; with the defaults (1 s skew, 500 ms
-    # to the peers) a node 900 ms off leaves rotation and claims no such worker ID.
+def test_by_default_a_node_whose_clock_disagrees_claims_no_worker_id(nodes, etcd, tmp_path, clockshim_library):
+    # Every claim counts on the clock-skew bound (the quarantine of a worker ID whose state
+    # was lost, a mark an etcd restore took back), so with the defaults (1 s skew, 500 ms
+    # to the peers) a node 900 ms off leaves rotation and claims no worker ID at all.
     from clock import ClockTable
 
     skew = ClockTable(tmp_path / "c-clock", clockshim_library)
@@ -148,11 +146,10 @@ def test_by_default_a_node_whose_clock_disagrees_claims_no_worker_id_of_unknown_
     a = nodes.start("a", workers=1, args=(*common, "--ids-per-worker", "4"))
     b = nodes.start("b", workers=1, args=common)
     e = nodes.start("e", workers=1, args=common)
-    for node in (a, b, e):
+    c = nodes.start("c", workers=2, args=common, env=skew.env())
+    for node in (a, b, e, c):
         node.wait_ready(timeout_s=30)
     skew.shift_all(+900)
-    c = nodes.start("c", workers=2, args=common, env=skew.env())
-    c.wait_ready(timeout_s=30)
     wait_for(
         lambda: (lambda r: r if r[0] == 503 and "disagrees" in r[1] else None)(get(health(c), "/readyz")),
         30,
@@ -162,22 +159,82 @@ def test_by_default_a_node_whose_clock_disagrees_claims_no_worker_id_of_unknown_
     [lost] = [w["worker_id"] for w in b.status()["workers"]]
     b.stop()
     assert etcd.ctl("del", f"/snowfence/test/marks/0/{lost}").returncode == 0
-    # One of c's workers dies; its successor finds only the unknown worker ID free until
-    # the dead one's lease lapses (4 s here), and passes over it.
+    # One of c's workers dies; its successor claims nothing, neither the unknown worker ID
+    # nor, once the dead one's lease lapses (4 s here), its own.
     victim = c.status()["workers"][0]
     os.kill(victim["pid"], signal.SIGKILL)
-    passed_over = f"worker ID {lost}: it has no mark, but it was used, and its quarantine would be counted on "
-    wait_for(lambda: passed_over in c.log(), 20, what="c to pass over the unknown worker ID")
-    wait_for(lambda: len(c.ready_workers()) == 2, 30, what="c's worker to take its own worker ID back")
-    assert f"/snowfence/test/workers/0/{lost}" not in etcd.get_prefix("/snowfence/test/workers/")
+    vetoed = "claiming no worker ID until the clock is vouched for: clock disagrees with 2 of 2 peers"
+    wait_for(
+        lambda: any(vetoed in (w.get("reason") or "") for w in c.status()["workers"]),
+        20,
+        what="c's new worker to wait for its clock to be vouched for",
+    )
     assert "claims_vetoed" in c.log()
-    # Once the clock agrees again, the worker ID is claimed, with its quarantine.
+    wait_for(
+        lambda: f"/snowfence/test/workers/0/{victim['worker_id']}" not in etcd.get_prefix("/snowfence/test/workers/"),
+        20,
+        what="the dead worker's lease to lapse",
+    )
+    time.sleep(2)  # a claim would come within the back-off (at most 2 s here)
+    held = etcd.get_prefix("/snowfence/test/workers/")
+    assert f"/snowfence/test/workers/0/{lost}" not in held
+    assert f"/snowfence/test/workers/0/{victim['worker_id']}" not in held
+    assert len(c.ready_workers()) == 1
+    # Once the clock agrees again, c claims at once, and the unknown worker ID is claimed
+    # with its quarantine.
     skew.shift_all(0)
     wait_for(lambda: get(health(c), "/readyz")[0] == 200, 30, what="c to rejoin once its clock is back")
+    wait_for(lambda: len(c.ready_workers()) == 2, 30, what="c's worker to claim once vouched for")
     d = nodes.start("d", workers=1, args=common)
     d.wait_ready(timeout_s=30)
-    assert [w["worker_id"] for w in d.status()["workers"]] == [lost]
-    assert f"worker ID {lost}: it has no mark, but it was used; its claim mints nothing for 3000 ms" in d.log()
+    [got] = [w["worker_id"] for w in d.status()["workers"]] + [
+        w["worker_id"] for w in c.status()["workers"] if w["worker_id"] == lost
+    ]
+    assert got == lost
+    assert f"worker ID {lost}: it has no mark, but it was used; its claim mints nothing for 3000 ms" in (
+        d.log() + c.log()
+    )
+    skew.close()
+
+
+def test_two_nodes_whose_clocks_disagree_claim_nothing_and_keep_serving(nodes, etcd, tmp_path, clockshim_library):
+    # With one peer nobody can tell which clock is wrong: neither leaves rotation, and
+    # neither claims a worker ID (the one behind would mint below what the other minted,
+    # were a mark taken back) until they agree again.
+    from clock import ClockTable
+
+    skew = ClockTable(tmp_path / "b-clock", clockshim_library)
+    common = (
+        *etcd_args(etcd, "test", *FAST_LEASES),
+        *("--max-clock-skew-ms", "1000", "--broker-mint-max-ids", "0", "--metrics-bind", "127.0.0.1:0"),
+    )
+    a = nodes.start("a", workers=2, args=common)
+    b = nodes.start("b", workers=2, args=common, env=skew.env())
+    for node in (a, b):
+        node.wait_ready(timeout_s=30)
+    wait_for(lambda: len(names(a)) == 2 and len(names(b)) == 2, 15, what="each node to see the other")
+    skew.shift_all(-900)
+    for node in (a, b):
+        wait_for(lambda node=node: "claims_vetoed" in node.log(), 15, what=f"{node.name}'s broker to veto claims")
+    vetoed = "claiming no worker ID until the clock is vouched for: clock disagrees with 1 of 1 peers"
+    victims = {}
+    for node in (a, b):
+        victim = node.status()["workers"][0]
+        victims[node.name] = victim["worker_id"]
+        os.kill(victim["pid"], signal.SIGKILL)
+    for node in (a, b):
+        wait_for(
+            lambda node=node: any(vetoed in (w.get("reason") or "") for w in node.status()["workers"]),
+            20,
+            what=f"{node.name}'s new worker to wait for its clock to be vouched for",
+        )
+        assert get(health(node), "/readyz")[0] == 200  # still in rotation
+        with Client(node.endpoint, timeout_s=2.0) as client:
+            assert sum(len(block) for block in client.reserve(10)) == 10
+    skew.shift_all(0)
+    for node in (a, b):
+        wait_for(lambda node=node: len(node.ready_workers()) == 2, 30, what=f"{node.name} to claim once vouched for")
+        assert "claims_allowed" in node.log()
     skew.close()
 
 

@@ -63,8 +63,11 @@ from types import SimpleNamespace
 import orjson
 
 from snowfence import protocol
+from snowfence.broker.main import PEER_INTERVAL_S
+from snowfence.broker.peers import verdicts
 from snowfence.broker.routing import Routing
 from snowfence.clock import HostClock as ClockWatch
+from snowfence.clock import pending_verdict
 from snowfence.config import Config
 from snowfence.errors import (
     BadRequest,
@@ -387,6 +390,10 @@ class Broker:
         self.silence_ns = int((config.heartbeat_timeout_s + config.heartbeat_interval_s) * NS) + 2 * BROKER_TICK_NS
         self.credits = config.worker_credits
         self.max_inflight = config.max_inflight_per_client
+        #: The peers' clock verdicts: judged where the real broker judges (etcd mode).
+        self.peer_bound_ns = config.peer_offset_bound_ms * MS if pending_verdict(config) else 0
+        self.next_peer_ns = 0
+        self.peer_rounds = 0
 
     # -- the process side: the supervisor
     def started(self, p: Proc) -> None:
@@ -403,7 +410,26 @@ class Broker:
     def tick(self) -> None:
         w = self.world
         w.at(w.T + BROKER_TICK_NS, None, self.tick)
-        self.core.tick(self.node.clock.mono())
+        now = self.node.clock.mono()
+        if self.peer_bound_ns and now >= self.next_peer_ns:
+            self.judge_clock(now)
+        self.core.tick(now)
+
+    def judge_clock(self, now: int) -> None:
+        """The peers' verdicts on this host's clock (broker/peers.py), measured every
+        PEER_INTERVAL_NS against the other hosts' clocks, as the round trips would find them:
+        out of rotation, and no claims, by the same rules; the workers are told from the
+        second round on, as the real broker tells them."""
+        self.next_peer_ns = now + PEER_INTERVAL_NS
+        self.peer_rounds += 1
+        mine = self.node.clock.wall()
+        offsets = {
+            f"n{o.index}": (o.clock.wall() - mine, 2 * LINK_NS, now) for o in self.world.nodes if o is not self.node
+        }
+        rotation, claims = verdicts(offsets, now, self.peer_bound_ns, PEER_INTERVAL_NS)
+        self.core.veto = rotation
+        if self.peer_rounds >= 2:
+            self.core.clock_verdict = claims
 
     def client_request(self) -> None:
         """The host's clients send a request (or, now and then, a burst on one connection)."""
@@ -835,10 +861,10 @@ class World:
             clock_policy=policy,
             max_ahead_ms=min(1000, int(window * 1000) - 1),
             loop_stall_s=5.0 * scale,
-            # The hosts' clocks are up to 2 s apart, and drift up to 500 ppm.
+            # The hosts' clocks start up to 1 s from the first host's (so up to 2 s apart), and
+            # drift up to 500 ppm; the peers vouch for a clock within half of this (1,050 ms) of a
+            # majority, and the clock faults take hosts beyond it.
             max_clock_skew_ms=2100,
-            # No broker judges the clocks here: the peers' verdict is not modelled (measure only).
-            max_peer_offset_ms=0,
             cluster="sim",
             # Small enough that the broker's limits bind: its queue, retries and overload.
             max_inflight_per_client=rng.choice([3, 8, 64]),
@@ -886,7 +912,7 @@ class World:
         self.procs: list[Proc] = []
         for i in range(n_nodes):
             mono0 = rng.randrange(1, 10**6) * NS
-            skew = 0 if i == 0 or rng.random() < 0.5 else rng.randrange(-2000, 2000) * MS
+            skew = 0 if i == 0 or rng.random() < 0.5 else rng.randrange(-1000, 1000) * MS
             clock = HostClock(self, mono0, base_wall + skew - mono0, rng.uniform(-500, 500))
             node = Node(self, i, clock)
             self.nodes.append(node)
@@ -1560,6 +1586,7 @@ BURST_SHARE = 0.02
 LINK_NS = 50_000
 #: The broker's loop turns at least this often (broker/main.py's poll timeout).
 BROKER_TICK_NS = 50 * MS
+PEER_INTERVAL_NS = int(PEER_INTERVAL_S * NS)
 #: A worker's loop wakes at least this often without a frame (workers/main.py's RCVTIMEO).
 LOOP_WAKE_NS = 50 * MS
 #: The long profile's schedules last this many times longer, with as many more faults.

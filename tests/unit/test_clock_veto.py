@@ -7,14 +7,19 @@ import pytest
 from etcdrig import NOW_MS, claim
 from fakeclock import FakeClock
 from test_routing import Rig
-from test_worker_core import ScriptedStore, make_core
+from test_worker_core import ScriptedLease, ScriptedStore, make_core
 
 from snowfence import protocol
+from snowfence.broker.peers import verdicts
 from snowfence.clock import PENDING_VERDICT, pending_verdict
 from snowfence.config import Config
 from snowfence.errors import ClockUnsafe, ConfigError
 
 WHY = "clock disagrees with 2 of 2 peers by more than 500 ms (b: +900.0 ms)"
+
+
+def dump(etcd) -> tuple:
+    return etcd.server.rev, {k: v.value for k, v in etcd.server.kv.items()}, set(etcd.server.leases)
 
 
 def clock_frames(frames: list[bytes]) -> list[str | None]:
@@ -62,47 +67,96 @@ def test_nothing_is_pending_where_no_peer_will_judge_the_clock():
 def test_a_worker_claims_no_worker_id_of_unknown_state_until_the_broker_has_judged_its_clock():
     store = ScriptedStore([])
     make_core(store, FakeClock(), etcd=("http://127.0.0.1:2379",))
-    assert store.unknown_veto == PENDING_VERDICT
+    assert store.claim_veto == PENDING_VERDICT
     other = ScriptedStore([])
     make_core(other, FakeClock())
-    assert other.unknown_veto is None
+    assert other.claim_veto is None
 
 
 def test_a_worker_passes_the_verdict_to_its_store():
     store = ScriptedStore([])
     core, _ = make_core(store, FakeClock())
     core.handle(protocol.encode_clock(WHY), 0)
-    assert store.unknown_veto == WHY
+    assert store.claim_veto == WHY
     core.handle(protocol.encode_clock(None), 0)
-    assert store.unknown_veto is None
+    assert store.claim_veto is None
 
 
-def test_while_vetoed_a_worker_id_of_unknown_state_is_passed_over_and_a_known_one_claimed(etcd):
+def test_while_vetoed_no_worker_id_is_claimed_known_or_unknown_and_nothing_is_written(etcd):
     store = etcd.store()
     lease = claim(store, preferred=0)
     lease.release(NOW_MS)
     etcd.delete("marks/1/0")  # worker ID 0: used (in the genesis), its mark gone: unknown
-    store.unknown_veto = WHY
-    got = claim(store, preferred=0)
-    assert got is not None and got.worker_id != 0
-    assert "not claimed until it agrees" in store.passed_over[0] and WHY in store.passed_over[0]
-    got.release(NOW_MS)
-    others = [claim(store, holder=f"o{i}") for i in range(3)]
-    assert sorted(lease.worker_id for lease in others if lease) == [1, 2, 3]
-    assert claim(store) is None  # only the unknown one is left, and it is not taken
-    store.unknown_veto = None
-    again = claim(store)
-    assert again is not None and again.worker_id == 0  # once the clock agrees: with its quarantine
-    assert again.claimed_mark_ms >= NOW_MS + store.quarantine_ms()
+    before = dump(etcd)
+    store.claim_veto = WHY
+    for preferred in (0, 1, None):  # unknown, never used, any
+        with pytest.raises(ClockUnsafe, match="not vouched for") as err:
+            claim(store, preferred=preferred)
+        assert WHY in str(err.value)
+    assert dump(etcd) == before
+    store.claim_veto = None
+    got = {lease.worker_id: lease for lease in (claim(store, holder=f"o{i}") for i in range(4))}
+    assert sorted(got) == [0, 1, 2, 3]  # once vouched for, every one (the unknown one last)
+    assert got[0].claimed_mark_ms >= NOW_MS + store.quarantine_ms()  # with its quarantine
 
 
 def test_while_vetoed_no_new_store_is_created(etcd):
     etcd.delete("layout")
     store = etcd.store()
-    store.unknown_veto = WHY
+    store.claim_veto = WHY
     with pytest.raises(ClockUnsafe, match="looks new"):
         store.check_layout(store.layout)
     assert etcd.value("layout") is None
-    store.unknown_veto = None
+    store.claim_veto = None
     store.check_layout(store.layout)
     assert etcd.value("layout") is not None
+
+
+def test_a_vetoed_worker_asks_its_store_nothing_and_claims_at_once_when_vouched_for():
+    clock = FakeClock()
+    store = ScriptedStore([ScriptedLease(3, mark_ms=0)])
+    core, sent = make_core(store, clock, etcd=("http://127.0.0.1:2379",))
+    for _ in range(5):
+        core.tick(clock.mono_ns())
+        clock.advance_ms(300)
+    assert store.claims == [] and not core.held
+    assert "until the clock is vouched for" in core.reason and PENDING_VERDICT in core.reason
+    core.handle(protocol.encode_clock(WHY), clock.mono_ns())
+    core.tick(clock.mono_ns())
+    assert store.claims == [] and WHY in core.reason
+    core.handle(protocol.encode_clock(None), clock.mono_ns())  # no wait for the recheck
+    core.tick(clock.mono_ns())
+    assert len(store.claims) == 1 and [h.lease.worker_id for h in core.held] == [3]
+
+
+def off(ms: float, at_ns: int = 0) -> tuple[int, int, int]:
+    return int(ms * 1e6), 2_000_000, at_ns  # (offset, round trip, measured at)
+
+
+BOUND, INTERVAL = 500_000_000, 1_000_000_000
+
+
+@pytest.mark.parametrize(
+    "offsets, rotation, claims",
+    [
+        ({}, False, False),  # alone: nobody disagrees
+        ({"b": off(100)}, False, False),
+        ({"b": off(900)}, False, True),  # two apart: nobody can tell who is wrong
+        ({"b": off(-900)}, False, True),  # whichever is behind
+        ({"b": off(900), "c": off(50)}, False, False),  # b is the odd one out, not this node
+        ({"b": off(900), "c": off(950)}, True, True),  # this node is the odd one out
+        ({"b": off(900), "c": off(10), "d": off(-950)}, False, True),  # two against two
+        ({"b": off(900), "c": off(900, at_ns=-10 * INTERVAL)}, False, True),  # c stale: does not vote
+        ({"b": off(501)}, False, False),  # within the bound allowing for half the round trip
+    ],
+)
+def test_the_cluster_vouches_for_a_clock_by_majority(offsets, rotation, claims):
+    got_rotation, got_claims = verdicts(offsets, 0, BOUND, INTERVAL)
+    assert bool(got_rotation) == rotation
+    assert bool(got_claims) == claims
+    if got_claims:
+        assert "by more than 500 ms" in got_claims
+
+
+def test_nothing_is_vetoed_where_the_bound_is_off():
+    assert verdicts({"b": off(5000), "c": off(5000)}, 0, 0, INTERVAL) == (None, None)

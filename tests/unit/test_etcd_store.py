@@ -488,7 +488,9 @@ def test_the_first_node_records_the_layout_and_the_same_layout_is_accepted_after
     caplog.set_level(logging.INFO, logger="snowfence.etcd")
     store.check_layout(store.layout)
     [message] = [r.getMessage() for r in caplog.records if r.name == "snowfence.etcd"]
-    assert message.startswith(f"recorded layout for cluster unit: {store.layout.describe()}, and its claim of region 1; ")
+    assert message.startswith(
+        f"recorded layout for cluster unit: {store.layout.describe()}, and its claim of region 1; "
+    )
     assert "its first claims mint nothing for 6000 ms" in message
     assert Genesis.from_dict(etcd.json("layout")).layout == store.layout
     revision = etcd.server.kv[PREFIX + "layout"].mod_revision

@@ -8,7 +8,9 @@ from snowfence.workers.lease import Lease
 
 
 def test_held_mints_only_above_the_claimed_mark_and_its_keeper_waits_to_be_started():
-    config = Config(region=3, max_step_back_ms=7, reservation_window_s=9.0, max_reservation_window_s=9.0, loop_stall_s=4.0)
+    config = Config(
+        region=3, max_step_back_ms=7, reservation_window_s=9.0, max_reservation_window_s=9.0, loop_stall_s=4.0
+    )
     lease = Lease(region=3, worker_id=12, token=5, mark_ms=123_456)
     seen = []
     held = Held.start(lease, config, Clocks(), on_step_back=lambda ms, refused: seen.append(ms), loop_ns=lambda: 0)

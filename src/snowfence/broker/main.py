@@ -28,6 +28,7 @@ import zmq
 import zmq.backend
 
 from .. import protocol
+from ..clock import PENDING_VERDICT
 from ..config import Config
 from ..errors import ConfigError
 from ..logs import event
@@ -358,16 +359,23 @@ class Node:
         if peers is not None:
             peers.tick(now_ns)
             if peers.veto != routing.veto:
-                if peers.veto:
-                    event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
-                else:
-                    event(log, "rejoined", "clock agrees with the cluster again")
+                if bool(peers.veto) != bool(routing.veto):  # logged when it comes and goes, not per offset
+                    if peers.veto:
+                        event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
+                    else:
+                        event(log, "rejoined", "clock agrees with the cluster again")
                 routing.veto = peers.veto
             if peers.judged:
-                routing.clock_verdict = peers.veto  # tells the workers of a change
+                was = routing.clock_verdict if routing.clock_verdict != PENDING_VERDICT else None
+                if bool(peers.claim_veto) != bool(was) and not peers.veto:
+                    if peers.claim_veto:
+                        event(log, "claims_vetoed", f"claiming no worker ID: {peers.claim_veto}", level=logging.ERROR)
+                    else:
+                        event(log, "claims_allowed", "a majority of the cluster vouches for the clock again")
+                routing.clock_verdict = peers.claim_veto  # tells the workers of a change
                 own = self.inline.store if self.inline is not None else None
-                if own is not None and own.unknown_veto != peers.veto:
-                    own.unknown_veto = peers.veto  # and the broker's own worker ID
+                if own is not None and own.claim_veto != peers.claim_veto:
+                    own.claim_veto = peers.claim_veto  # and the broker's own worker ID
         if self.health is not None:  # the snapshot is the HTTP thread's; building one costs ~1 ms
             self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
         return True

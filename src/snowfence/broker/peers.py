@@ -14,6 +14,13 @@ majority of the whole cluster (itself included: with one peer nobody can tell
 who is wrong, with two the odd one out can) by more than the bound, allowing
 for half the round trip, leaves rotation and says why. Peers that stopped
 answering do not vote.
+
+A second, stricter verdict is told to the workers: a node claims no worker ID
+unless a majority of the cluster (itself included) agrees with its clock. Every
+claim counts on the clock bound (a quarantine, or a mark an etcd restore no
+journal saw took back), and where nobody can tell who is wrong (two nodes apart,
+a split) neither side can vouch for its clock: both keep minting with the worker
+IDs they hold, and claim again once a majority agrees.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ class PeerClocks:
         self._ids = itertools.count(1)
         self._next_ns = 0
         self.veto: str | None = None
+        #: Set while no majority of the cluster agrees with this clock: no claims (see :func:`verdicts`).
+        self.claim_veto: str | None = None
         #: Rounds sent: the first verdict is the one judged when the second round goes out,
         #: on the answers to the first (no peers at all: nothing to disagree with).
         self.rounds = 0
@@ -87,7 +96,7 @@ class PeerClocks:
             except zmq.Again:
                 continue  # not connected: the peer does not vote
             self._sent[rid] = (sock, time.time_ns(), time.monotonic_ns())
-        self.veto = self.judge(now_ns)
+        self.judge(now_ns)
 
     def on_readable(self, sock: zmq.Socket) -> None:
         while True:
@@ -116,18 +125,9 @@ class PeerClocks:
         return self.rounds >= 2
 
     def judge(self, now_ns: int) -> str | None:
-        """A reason to leave rotation, or None."""
-        if not self.bound_ns:
-            return None
-        fresh = {ep: o for ep, o in self.offsets.items() if now_ns - o[2] < STALE_AFTER_INTERVALS * self.interval_ns}
-        disagree = {ep: o for ep, o in fresh.items() if abs(o[0]) - o[1] // 2 > self.bound_ns}
-        if fresh and len(disagree) * 2 > len(fresh) + 1:
-            worst = max(disagree.items(), key=lambda kv: abs(kv[1][0]))
-            return (
-                f"clock disagrees with {len(disagree)} of {len(fresh)} peers by more than "
-                f"{self.bound_ns // 1_000_000} ms ({worst[0]}: {worst[1][0] / 1e6:+.1f} ms)"
-            )
-        return None
+        """A reason to leave rotation, or None (and :attr:`claim_veto`, the workers' verdict)."""
+        self.veto, self.claim_veto = verdicts(self.offsets, now_ns, self.bound_ns, self.interval_ns)
+        return self.veto
 
     def describe(self) -> dict:
         return {ep: {"offset_s": o / 1e9, "delay_s": d / 1e9} for ep, (o, d, _) in self.offsets.items()}
@@ -135,3 +135,30 @@ class PeerClocks:
     def close(self) -> None:
         for sock in self.sockets:
             sock.close(0)
+
+
+def verdicts(
+    offsets: dict[str, tuple[int, int, int]], now_ns: int, bound_ns: int, interval_ns: int
+) -> tuple[str | None, str | None]:
+    """The node's verdicts from its peers' offsets (endpoint -> (offset, round trip, measured
+    at monotonic ns)): a reason to leave rotation (a majority of the cluster, this node
+    included, disagrees with it) and a reason to claim no worker ID (no majority agrees
+    with it: also two nodes apart, or a cluster split in halves). None: no reason."""
+    if not bound_ns:
+        return None, None
+    fresh = {ep: o for ep, o in offsets.items() if now_ns - o[2] < STALE_AFTER_INTERVALS * interval_ns}
+    disagree = {ep: o for ep, o in fresh.items() if abs(o[0]) - o[1] // 2 > bound_ns}
+    if not disagree:
+        return None, None
+    worst = max(disagree.items(), key=lambda kv: abs(kv[1][0]))
+    why = (
+        f"clock disagrees with {len(disagree)} of {len(fresh)} peers by more than "
+        f"{bound_ns // 1_000_000} ms ({worst[0]}: {worst[1][0] / 1e6:+.1f} ms)"
+    )
+    cluster = len(fresh) + 1
+    agree = cluster - len(disagree)  # itself included
+    rotation = why if len(disagree) * 2 > cluster else None
+    claims = why if agree * 2 <= cluster else None
+    if claims and not rotation:
+        claims += ": no majority of the cluster vouches for this clock (nor for the others)"
+    return rotation, claims

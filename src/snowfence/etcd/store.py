@@ -326,11 +326,11 @@ class EtcdStore(Connection, Store):
                 )
             if self.journal is not None and self.journal.has_history:
                 self.journal.check_genesis(None, known=known)  # raises: the store forgot what the journal saw
-            if self.unknown_veto:
+            if self.claim_veto:
                 raise ClockUnsafe(
                     f"the store of cluster {self.config.cluster!r} looks new, and its quarantine would be counted "
-                    f"on this node's clock, which disagrees with the cluster ({self.unknown_veto}): not created "
-                    "until it agrees"
+                    f"on this node's clock, which is not vouched for ({self.claim_veto}): not created "
+                    "until it is"
                 )
             for _ in range(5):
                 # The region is claimed in the transaction that records the genesis, and a
@@ -678,6 +678,7 @@ class EtcdStore(Connection, Store):
         return iter([w for w in range(self.layout.max_worker + 1) if w not in taken])
 
     def claim(self, preferred: int | None, holder: str, now_ms: int, max_ahead_ms: int) -> EtcdLease | None:
+        self.refuse_if_vetoed()  # before a lease is granted
         # One lease serves all the claim attempts of this call; if none succeeds
         # it is revoked (or lapses by itself within its TTL).
         self._claim_lease = self._grant()
@@ -750,11 +751,6 @@ class EtcdStore(Connection, Store):
                 unknown = "its mark has no store ID"
             elif store is not None and store != genesis.store_id:
                 unknown = f"its mark belongs to store {store}, not this one"
-        if unknown is not None and self.unknown_veto:
-            raise WorkerIdUnusable(
-                f"worker ID {worker_id}: {unknown}, and its quarantine would be counted on this node's clock, "
-                f"which disagrees with the cluster ({self.unknown_veto}): not claimed until it agrees"
-            )
         if unknown is not None:
             quarantine = self.quarantine_ms()
             floors.append(now_ms + quarantine)

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import latency, protocol
-from ..clock import HostClock, pending_verdict
+from ..clock import PENDING_VERDICT, HostClock, pending_verdict
 from ..config import Config
 from ..errors import (
     BadRequest,
@@ -61,6 +61,9 @@ log = logging.getLogger("snowfence.worker")
 TICK_NS = 10_000_000
 #: The claim back-off: the first retry after this long, doubling up to the cap.
 CLAIM_BACKOFF_MIN_S = 0.25
+#: While the clock is not vouched for, how often a worker looks again (a verdict that
+#: lifts the veto starts a claim at once: this only bounds a verdict never told).
+VETOED_CLAIM_RECHECK_S = 1.0
 CLAIM_BACKOFF_MAX_S = 10.0
 
 # Hot path: module-level names, read once.
@@ -216,7 +219,7 @@ class WorkerCore:
         self.store = store
         if store is not None:
             # Until the broker says its clock agrees with its peers' (a CLOCK frame).
-            store.unknown_veto = pending_verdict(config)
+            store.claim_veto = pending_verdict(config)
         self.preferences = preferences
         self.send = send
         self.host_clock = host_clock
@@ -244,6 +247,8 @@ class WorkerCore:
         self.stopping = False
         self.reason = "claiming a worker ID"
         self.next_claim_ns = 0
+        #: The earliest a claim may ask the store again after a failed one (its back-off).
+        self.claim_retry_ns = 0
         self.claim_backoff_s = CLAIM_BACKOFF_MIN_S
         self.state_dirty = True
         self.next_heartbeat_ns = 0
@@ -489,17 +494,22 @@ class WorkerCore:
         )
 
     def clock_veto(self, why: str | None) -> None:
-        """The broker's verdict on this node's clock against its peers': while it disagrees,
-        claims pass over every worker ID of unknown state (see ``Store.unknown_veto``)."""
-        if self.store is not None and self.store.unknown_veto != why:
-            self.store.unknown_veto = why
-            if why:
+        """The broker's verdict on this node's clock against its peers': while no majority
+        vouches for it, no worker ID is claimed (see ``Store.claim_veto``); once one does,
+        the next claim is tried at once."""
+        if self.store is None or self.store.claim_veto == why:
+            return
+        was, self.store.claim_veto = self.store.claim_veto, why
+        if why:
+            if why != PENDING_VERDICT and was in (None, PENDING_VERDICT):  # once, not per offset measured
                 event(
                     log,
                     "claims_vetoed",
-                    f"claiming no worker ID of unknown state while the clock disagrees with the cluster: {why}",
+                    f"claiming no worker ID while the clock is not vouched for: {why}",
                     level=logging.WARNING,
                 )
+        if len(self.held) < self.ids_wanted:  # the next tick claims (after a failure's back-off), or says why not
+            self.next_claim_ns = max(self._mono(), self.claim_retry_ns)
 
     # -- leases -------------------------------------------------------------------------
 
@@ -513,6 +523,14 @@ class WorkerCore:
     def claim(self) -> bool:
         """Try to claim one more worker ID; False (and a back-off) if none could be."""
         index = len(self.held)
+        veto = self.store.claim_veto
+        if veto:
+            # The store would refuse too; this waits for the verdict (``clock_veto``) quietly.
+            reason = f"claiming no worker ID until the clock is vouched for: {veto}"
+            self.state_dirty |= reason != self.reason
+            self.reason = reason
+            self.next_claim_ns = max(self._mono() + int(VETOED_CLAIM_RECHECK_S * 1e9), self.claim_retry_ns)
+            return False
         now_ms = self.clocks.wall_ns() // 1_000_000 - self.layout.epoch_ms
         try:
             if not self.layout_checked:
@@ -531,7 +549,7 @@ class WorkerCore:
             self.reason = f"cannot claim a worker ID: {why}; retrying in {self.claim_backoff_s:.2f} s"
             event(log, "claim_failed", self.reason, level=self.claim_failed_level, region=self.config.region)
             delay = self.claim_backoff_s * self.rng.uniform(0.8, 1.2)
-            self.next_claim_ns = self._mono() + int(delay * 1e9)
+            self.next_claim_ns = self.claim_retry_ns = self._mono() + int(delay * 1e9)
             # Capped well below the lease TTL, so a standby takes over a dead node's
             # worker IDs soon after their leases lapse.
             cap = min(CLAIM_BACKOFF_MAX_S, self.config.lease_ttl_s / 2)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..errors import LeaseLost, SnowfenceError, StateDirError
+from ..errors import ClockUnsafe, LeaseLost, SnowfenceError, StateDirError
 from ..ids import Layout
 from ..logs import event
 from .durable import write_atomic
@@ -98,10 +98,16 @@ class Store:
     #: The store's genesis record, once :meth:`check_layout` has read (or written) it.
     genesis = None
 
-    #: Set (to why) while this node's clock disagrees with its peers': a worker ID of
-    #: unknown state is quarantined from this clock's "now", so none is claimed, and no
-    #: new store is created, until it agrees again (etcd; one host has one clock).
-    unknown_veto: str | None = None
+    #: Set (to why) while no majority of the cluster vouches for this node's clock (and
+    #: until its broker first judged it): no worker ID is claimed and no new store is
+    #: created until it does. Every claim counts on the clock-skew bound: a worker ID of
+    #: unknown state is quarantined from this clock's "now", and a mark that an etcd
+    #: restore no journal saw took back is passed only by the wall clock's advance.
+    claim_veto: str | None = None
+
+    def refuse_if_vetoed(self) -> None:
+        if self.claim_veto:
+            raise ClockUnsafe(f"claiming no worker ID while this node's clock is not vouched for: {self.claim_veto}")
 
     @property
     def passed_over(self) -> dict[int, str]:
@@ -146,6 +152,7 @@ class Store:
         mark is more than ``max_ahead_ms`` ahead of ``now_ms``; only if that finds
         nothing does a second pass take them.
         """
+        self.refuse_if_vetoed()
         if self.genesis is None:
             self.check_layout(self.layout)  # a claim needs to know which store this is
         order = list(self.candidates())
