@@ -651,7 +651,7 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
     config = _load_config(args)
     if not args.reason.strip() or not args.reason.isprintable():
         raise ConfigError("--reason must be printable text")
-    window_ms = int(config.reservation_window_s * 1000)
+    window_ms = config.store_window_ms
     if config.embedded:
         from .workers.embedded import FileStore
         from .workers.journal import Journal

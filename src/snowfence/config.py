@@ -150,9 +150,10 @@ class Config:
     max_reservation_window_s: float = setting(
         5.0,
         "The longest reservation_window_s any node of this store may use, in seconds: set it alike on every "
-        "node (a node with a longer window will not start). A store that looks new, and a worker ID whose "
-        "state the store forgot, mint nothing for this long (plus max_clock_skew_ms in etcd mode): a node "
-        "nobody remembers may have reserved that far ahead. etcd records the highest with the region's claim.",
+        "node (a node with a longer window will not start). A worker ID whose state the store forgot mints "
+        "nothing for this long (plus max_clock_skew_ms in etcd mode, where a store that looks new waits it out "
+        "too): a node nobody remembers may have reserved that far ahead. etcd records the highest with the "
+        "region's claim; on one host (one clock) a new store waits out max_ahead_ms instead.",
         metavar="S",
     )
 
@@ -168,7 +169,11 @@ class Config:
         metavar="POLICY",
     )
     max_ahead_ms: int = setting(
-        1000, "hlc: how far the logical clock (and a causal token) may run ahead of the wall clock.", metavar="MS"
+        1000,
+        "hlc: how far the logical clock (and a causal token) may run ahead of the wall clock. A new embedded "
+        "store (a wiped state directory) mints nothing for this long whatever the policy, since an hlc node "
+        "that used the directory may have run that far ahead: set it alike on every node of a directory.",
+        metavar="MS",
     )
     max_clock_error_ms: int = setting(
         0,
@@ -221,9 +226,10 @@ class Config:
     )
     max_peer_offset_ms: int = setting(
         -1,
-        "Leave rotation, and claim no worker ID of unknown state, while the clock disagrees with a majority of "
-        "the cluster by more than this; -1 (the default) is half of max_clock_skew_ms, so that nodes in rotation "
-        "are within max_clock_skew_ms of each other; 0 only measures (the skew bound is then assumed).",
+        "Leave rotation while the clock disagrees with a majority of the cluster by more than this, and claim "
+        "no worker ID unless a majority agrees with it (two nodes apart: neither claims); -1 (the default) is "
+        "half of max_clock_skew_ms, so that nodes in rotation are within max_clock_skew_ms of each other; "
+        "0 only measures (the skew bound is then assumed).",
         metavar="MS",
     )
 
@@ -395,6 +401,12 @@ class Config:
     def peer_offset_bound_ms(self) -> int:
         """How far this node's clock may disagree with its peers' before it leaves rotation (0: only measure)."""
         return self.max_clock_skew_ms // 2 if self.max_peer_offset_ms == -1 else self.max_peer_offset_ms
+
+    @property
+    def store_window_ms(self) -> int:
+        """The window a store counts a quarantine with: the longest any node of it may use
+        (``max_reservation_window_s``), never below this node's own."""
+        return int(max(self.reservation_window_s, self.max_reservation_window_s) * 1000)
 
     @property
     def journal_path(self) -> str:

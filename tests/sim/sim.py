@@ -1058,7 +1058,8 @@ class World:
                 config.state_dir,
                 self.layout,
                 self.region,
-                window_ms=self.window_ms,
+                window_ms=config.store_window_ms,  # as workers/main.py's open_store opens it
+                max_ahead_ms=config.max_ahead_ms,
                 wall_ns=clock.wall,
                 journal=journal_mod.Journal(config.journal_path, "embedded"),
             )
@@ -1323,7 +1324,14 @@ class World:
             store = etcd_mod.EtcdStore(config, wall_ns=wall)
             store._build_client = lambda: DirectClient(self.etcd)
         else:
-            store = embedded_mod.FileStore(self.tmp, self.layout, self.region, window_ms=self.window_ms, wall_ns=wall)
+            store = embedded_mod.FileStore(
+                self.tmp,
+                self.layout,
+                self.region,
+                window_ms=config.store_window_ms,
+                max_ahead_ms=config.max_ahead_ms,
+                wall_ns=wall,
+            )
         try:
             store.accept_restore("the simulator's operator")
         except (SnowfenceError, OSError):

@@ -182,3 +182,19 @@ def test_accept_restore_of_a_store_whose_record_is_gone_waits_out_the_run_ahead_
     s.window_ms = 100  # a node with a short window of its own (as the operator's flags may say)
     genesis = s.accept_restore("wiped")
     assert genesis.quarantine_until_ms >= NOW_MS + 4900
+
+
+def test_an_embedded_worker_id_of_unknown_state_waits_out_the_longest_window_any_node_may_use(tmp_path):
+    from snowfence.config import Config
+    from snowfence.workers.main import open_store
+
+    config = Config(
+        state_dir=str(tmp_path / "state"),
+        reservation_window_s=3.0,
+        keepalive_interval_s=1.0,
+        max_reservation_window_s=8.0,
+        max_ahead_ms=500,
+    )
+    store = open_store(config)
+    # A node of this directory with an 8 s window may have reserved that far ahead.
+    assert store.quarantine_ms() >= 8000

@@ -239,7 +239,7 @@ class EtcdStore(Connection, Store):
         self.journal = journal
         #: The longest reservation window any node of this store may use (every node checks its
         #: own against it at start), recorded in the genesis and the region's claim if it is the longest.
-        self.window_ms = int(max(config.reservation_window_s, config.max_reservation_window_s) * 1000)
+        self.window_ms = config.store_window_ms
         #: The region claims of this etcd as last read (see :mod:`.regions`), and the claims
         #: key's (create_revision, mod_revision) then ((0, 0): none): claims are guarded on them.
         self.region_claims = regions.RegionClaims()

@@ -57,7 +57,7 @@ def open_store(config: Config) -> Store:
     """The lease store the configuration names, with this node's journal of it."""
     from .journal import Journal
 
-    window_ms = int(config.reservation_window_s * 1000)
+    window_ms = config.store_window_ms
     if config.embedded:
         from .embedded import FileStore
 
