@@ -1,5 +1,5 @@
-"""The clock-skew bound a quarantine assumes is enforced: a node whose clock disagrees with
-its peers' claims no worker ID of unknown state, and creates no store, until it agrees."""
+"""The clock-skew bound every claim counts on is enforced: a node claims no worker ID, and
+creates no store, unless a majority of its cluster vouches for its clock."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_nothing_is_pending_where_no_peer_will_judge_the_clock():
     assert pending_verdict(Config(etcd=("http://127.0.0.1:2379",), max_peer_offset_ms=0)) is None
 
 
-def test_a_worker_claims_no_worker_id_of_unknown_state_until_the_broker_has_judged_its_clock():
+def test_a_worker_claims_no_worker_id_until_the_broker_has_judged_its_clock():
     store = ScriptedStore([])
     make_core(store, FakeClock(), etcd=("http://127.0.0.1:2379",))
     assert store.claim_veto == PENDING_VERDICT
