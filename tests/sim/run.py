@@ -39,7 +39,7 @@ def _shm() -> str | None:
 def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
     """One process's share: seeds seed+job, seed+job+jobs, ... until the deadline or a violation."""
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
-    totals["partition_minting"] = 0
+    totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = 0
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
     broker: dict[str, int] = {}
@@ -62,6 +62,8 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
             totals[key] += result[key]
         kinds[result["kind"]] = kinds.get(result["kind"], 0) + 1
         totals["partition_minting"] += result["partition_minting"]
+        totals["mixed"] += result["mixed"]
+        totals["region_refused"] += result["region_refused"]
         for _, kind in result["fault_log"]:
             fault_kinds[kind] = fault_kinds.get(kind, 0) + 1
         for name, n in result["broker"].items():
@@ -119,7 +121,7 @@ def main() -> int:
         p.join()
     elapsed = time.monotonic() - start
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
-    totals["partition_minting"] = 0
+    totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = 0
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
     broker: dict[str, int] = {}
@@ -151,6 +153,8 @@ def main() -> int:
         "claims": totals["claims"],
         "schedules_by_store": kinds,
         "schedules_minting_through_partitions": totals["partition_minting"],
+        "schedules_with_mixed_flags": totals["mixed"],
+        "second_cluster_refused": totals["region_refused"],
         "faults_by_kind": dict(sorted(fault_kinds.items())),
         "brokers": dict(sorted(broker.items())),
     }

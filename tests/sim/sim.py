@@ -672,7 +672,7 @@ class Checker:
         judgement is of the state at the call's start, for both stores.
         """
         w = self.w
-        if w.kind == "etcd" and not w.partition_minting:
+        if w.kind == "etcd" and not h.proc.config.partition_minting:
             # Minting on without renewals, inside the reservation, is what partition minting is for.
             lid = h.lease.lease_id
             sent = w.renewed.get(lid)
@@ -713,8 +713,10 @@ class Checker:
             self.fail(f"worker ID {wid} minted ID {first} of worker ID {got_wid} region {got_region}")
         if stale is not None:
             self.fail(f"{stale[0]}: worker ID {wid} token {token} minted {stale[1]}")
-        # Above the persisted mark?
-        persisted = w.persisted_mark(wid)
+        # Above the persisted mark? (The store's marks are the first cluster's: a second one,
+        # in the same region, is held to every other check.)
+        own = p.config.cluster == w.config.cluster
+        persisted = w.persisted_mark(wid) if own else ms
         if ms > persisted:
             self.fail(f"worker ID {wid} token {token} minted millisecond {ms} above the persisted mark {persisted}")
         # Issued twice?
@@ -756,7 +758,7 @@ class Checker:
                 f"{order[i + 1]}'s ID {ranges[order[i + 1]][0]}"
             )
         mine[1] = last
-        if ms > self.max_ms.get(wid, -1):
+        if own and ms > self.max_ms.get(wid, -1):
             self.max_ms[wid] = ms
 
     def asked(self, k: SimKeeper) -> None:
@@ -825,6 +827,9 @@ class World:
     ) -> None:
         self.seed = seed
         self.rng = rng = random.Random(seed)
+        #: Draws for what the heterogeneous cluster adds (mixed flags, the combined faults, a
+        #: second cluster), apart from ``rng`` so the rest of a schedule draws as it did.
+        self.rng2 = rng2 = random.Random(seed * 7919 + 1)
         self.T = 0
         self.heap: list = []
         self.seq = 0
@@ -840,6 +845,7 @@ class World:
         scale = ttl / 10
         keepalive = rng.choice([2.0, 2.0, 1.0]) * scale
         window = keepalive * rng.choice([2.5, 2.5, 1.5, 1.1])
+        forced_policy = policy
         policy = rng.choice(["wait", "wait", "hlc"]) if policy is None else policy
         #: etcd: keep minting through a partition, bounded by the reservation alone (no fence).
         partition_minting = rng.random() < PARTITION_MINTING_SHARE
@@ -856,6 +862,8 @@ class World:
             keepalive_interval_s=keepalive,
             fence_after_s=5.0 * scale,
             reservation_window_s=window,
+            # The longest window any node may use here: what a new store waits out.
+            max_reservation_window_s=5.0 * scale,
             etcd_timeout_s=1.0 * scale,
             max_step_back_ms=10,
             clock_policy=policy,
@@ -870,6 +878,32 @@ class World:
             max_inflight_per_client=rng.choice([3, 8, 64]),
             worker_credits=rng.choice([2, 4, 32]),
         )
+        #: Hosts (etcd) or processes (embedded) with flags of their own, as a fleet being
+        #: upgraded or set by hand has: reservation windows, their bound, clock policies and
+        #: partition minting. The run-ahead bound is set alike (below every window).
+        self.mixed = rng2.random() < MIXED_SHARE
+        if self.mixed:
+            self.config_kwargs["max_ahead_ms"] = min(1000, int(keepalive * 1100) - 1)
+
+        def flags() -> dict:
+            if not self.mixed:
+                return {}
+            own = keepalive * rng2.choice([2.5, 1.5, 1.1])
+            out = {
+                "reservation_window_s": own,
+                # "Set it alike on every node": some are not, and may say less than the others use.
+                "max_reservation_window_s": rng2.choice([5.0 * scale, 5.0 * scale, own]),
+            }
+            if forced_policy is None:
+                out["clock_policy"] = rng2.choice(["wait", "hlc"])
+            if self.kind == "etcd":
+                out["partition_minting"] = rng2.random() < 0.4
+                if out["partition_minting"] and rng2.random() < 0.7:
+                    # Minting through long partitions: a window beyond what the others may use.
+                    out["reservation_window_s"] = out["max_reservation_window_s"] = keepalive * 6
+            return out
+
+        self.flags = flags
         # Embedded: the state directory every process shares. etcd: each host's own (its journal).
         self.tmp: str | None = tempfile.mkdtemp(prefix="snowfence-sim-", dir=shm)
         self.config_kwargs["state_dir"] = self.tmp
@@ -895,19 +929,20 @@ class World:
         self.restoring_until = 0
         #: Workers that refused to boot on a store whose layout record is gone.
         self.boot_refusals: list[str] = []
+        #: The process of a second cluster in this region, once the fault has started it.
+        self.second: Proc | None = None
         self.config = Config(**self.config_kwargs)
         self.layout = self.config.layout
         self.fence_ns = int(self.config.fence_after_s * NS)
-        self.partition_minting = self.kind == "etcd" and self.config.partition_minting
-        self.window_ms = int(self.config.reservation_window_s * 1000)
         self.renewed: dict[int, int] = {}
         self.told_lost: set[int] = set()
         self.checker = Checker(self)
         self._mark_cache: dict[int, int] = {}
-        # Hosts: embedded mode is one host; etcd mode one to three, clocks apart by up to 2 s.
+        # Hosts: embedded mode is one host; etcd mode two or three, clocks apart by up to 2 s
+        # (three more often: where two disagree, neither claims).
         epoch_ns = self.layout.epoch_ms * MS
         base_wall = epoch_ns + rng.randrange(10**6) * NS
-        n_nodes = 1 if self.kind == "embedded" else rng.choice([2, 2, 3])
+        n_nodes = 1 if self.kind == "embedded" else rng.choice([2, 3, 3])
         self.nodes: list[Node] = []
         self.procs: list[Proc] = []
         for i in range(n_nodes):
@@ -923,15 +958,21 @@ class World:
                         **self.config_kwargs,
                         "state_dir": f"{self.tmp}/host{i}",
                         "journal_dir": f"{self.tmp}-journal/{i}",
+                        **flags(),
                     }
                 )
             for slot in range(rng.choice([1, 1, 2]) if self.kind == "etcd" else rng.choice([2, 3])):
-                proc = Proc(self, node, slot, config)
+                own = config if self.kind == "etcd" else Config(**{**self.config_kwargs, **flags()})
+                proc = Proc(self, node, slot, own)
                 node.procs.append(proc)
                 self.procs.append(proc)
             node.broker = Broker(self, node, config)
         self.long = long
         self.horizon = int(rng.uniform(15, 40) * scale * NS * (LONG_FACTOR if long else 1))
+        # Across the processes' own flags: the longest window any of them uses, and whether any
+        # mints through partitions.
+        self.window_ms = max(int(p.config.reservation_window_s * 1000) for p in self.procs)
+        self.partition_minting = any(self.kind == "etcd" and p.config.partition_minting for p in self.procs)
 
     # -- the event loop
     def at(self, t: int, thread: Thread | None, fn, *args) -> None:
@@ -1224,6 +1265,14 @@ class World:
         exc = core.boot_error
         if core.exit_code == Exit.OK or exc is None:
             raise Violation(f"a worker stopped with no reason given (exit {core.exit_code})")
+        if isinstance(exc, LayoutMismatch) and "is claimed by cluster" in str(exc):
+            # A region another cluster holds: refused by name, and again at each restart
+            # (the operator is to fix the flag); nothing for accept-restore to do.
+            self.counts["region_refused"] = self.counts.get("region_refused", 0) + 1
+            core.release_all()
+            self.exit(p)
+            self.at(self.T + self.rng2.randrange(NS, 3 * NS), None, self.restart, p)
+            return
         if not isinstance(exc, (LayoutMismatch, StateDirError)) or "is missing" not in str(exc):
             raise Violation(f"a worker could not boot: {exc}")
         # The layout record was deleted while marks remain: refusing to boot is the design
@@ -1281,6 +1330,24 @@ class World:
         if journals_lost:
             for _ in range(rng.randint(1, STORE_FAULTS_MAX) * (LONG_FACTOR if self.long else 1)):
                 self.at(rng.randrange(self.horizon), None, self.fault, "journal_lost")
+        # What the heterogeneous cluster meets (drawn from rng2): an hlc host killed while
+        # its logical clock ran ahead, its state directory and journal wiped, restarted at
+        # once; the keys deleted while a host (one minting through partitions, if any) is cut
+        # off; a second cluster, one letter off, started in the same region of the same etcd.
+        rng2 = self.rng2
+        times = LONG_FACTOR if self.long else 1
+        if self.kind == "embedded":
+            # (Not where journals are lost too: a wipe that keeps the journal, and a journal
+            # lost later, is every witness gone, which RELIABILITY.md writes down.)
+            for _ in range(rng2.randint(0, 1) * times * (not journals_lost)):
+                self.at(rng2.randrange(self.horizon), None, self.fault, "crash_and_wipe")
+        else:
+            if not journals_lost and rng2.random() < 0.6:
+                for _ in range(times):
+                    # (in the first half, so that what follows is seen)
+                    self.at(rng2.randrange(self.horizon // 2), None, self.fault, "delete_prefix_under_cut")
+            if rng2.random() < SECOND_CLUSTER_SHARE:
+                self.at(rng2.randrange(self.horizon // 2), None, self.fault, "second_cluster")
         self.at(rng.randrange(NS), None, self.backup)
         self.at(rng.randrange(NS), None, self.operator)
 
@@ -1344,6 +1411,10 @@ class World:
         rng = self.rng
         T = self.T
         self.marks_dirty = True
+        if kind in COMBINED_FAULTS:
+            if self.combined_fault(kind) is not False:
+                self.faults.append((T / NS, kind))
+            return
         up = [q for q in self.procs if q.up]
         p = rng.choice(up) if up else None
         node = rng.choice(self.nodes)
@@ -1370,12 +1441,17 @@ class World:
         elif kind == "pause_in_call":
             p.pause_in_call = rng.choice([rng.randrange(1, NS), rng.randrange(NS, 30 * NS)])
         elif kind == "step_back":
-            clock.off -= rng.choice([rng.randrange(1, 11), rng.randrange(11, 200), rng.randrange(200, 5000)]) * MS
+            back = rng.choice([rng.randrange(1, 11), rng.randrange(11, 200), rng.randrange(200, 5000)]) * MS
+            clock.off -= back
+            self.resync(clock, back)
         elif kind == "step_forward":
-            clock.off += rng.choice([rng.randrange(1, 200), rng.randrange(200, 5000)]) * MS
+            ahead = rng.choice([rng.randrange(1, 200), rng.randrange(200, 5000)]) * MS
+            clock.off += ahead
             if rng.random() < 0.5:
                 back = rng.randrange(1, 5000) * MS
                 self.at(T + rng.randrange(1, 3 * NS), None, self._step, clock, -back)
+            else:
+                self.resync(clock, -ahead)
         elif kind == "freeze":
             clock.frozen = clock.wall()
             self.at(T + rng.randrange(1, 3 * NS), None, self._thaw, clock, rng.random() < 0.5)
@@ -1509,6 +1585,85 @@ class World:
             mark.write_bytes(value)
         return None
 
+    def combined_fault(self, kind: str) -> bool | None:
+        """The heterogeneous cluster's faults (False: nothing to apply it to); draws from rng2."""
+        rng2 = self.rng2
+        T = self.T
+        wids = range(self.layout.max_worker + 1)
+        if kind == "crash_and_wipe":
+            # SIGKILL of the host's processes, `rm -rf` of the state directory (its journal
+            # inside it, as by default), and a restart at once.
+            if not any(q.up for q in self.procs):
+                return False
+            # Every witness wiped with the clock stepped back behind what was minted (beyond
+            # the logical clock's run-ahead, which a new store waits out) is the case
+            # RELIABILITY.md writes down as undetectable: then the journal, kept on another
+            # disk as it recommends, stays.
+            minted = max(self.checker.max_ms.values(), default=-1)
+            now_ms = self.nodes[0].clock.wall() // MS - self.layout.epoch_ms
+            wipe_journal = now_ms + self.config.max_ahead_ms > minted
+            self.forget(wids)
+            for q in self.procs:
+                self.crash(q)
+            for entry in Path(self.tmp).iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+            if wipe_journal:
+                shutil.rmtree(self.tmp + "-journal", ignore_errors=True)
+            self.counts["wiped_with_journal"] = self.counts.get("wiped_with_journal", 0) + wipe_journal
+            for q in self.procs:  # at once: no clock fault comes in between
+                self.at(T + rng2.randrange(1, 1000), None, self.restart, q)
+            return None
+        if kind == "delete_prefix_under_cut":
+            holders = [q for q in self.procs if q.held and q.config.cluster == self.config.cluster]
+            if not holders:
+                if T + NS < self.horizon:  # nobody holds a worker ID yet: a little later
+                    self.at(T + rng2.randrange(NS // 10, NS), None, self.fault, kind)
+                return False
+            minting_on = [q for q in holders if q.config.partition_minting]
+            node = rng2.choice(minting_on or holders).node
+            node.cut.update(range(EtcdServer.MEMBERS))
+            self.at(T + rng2.randrange(NS, 15 * NS), None, node.cut.clear)
+            # Sometimes another host is new to the cluster as the keys go (a replaced host, its
+            # journal empty): it knows nothing of the store but what etcd still holds.
+            others = [n for n in self.nodes if n is not node]
+            fresh = rng2.choice(others) if others and rng2.random() < 0.8 else None
+            self.at(T + rng2.randrange(10 * MS, NS), None, self._delete_prefix, fresh)
+            return None
+        if kind == "second_cluster":
+            if self.second is not None:
+                return False
+            node = rng2.choice(self.nodes)
+            config = Config(
+                **{
+                    **self.config_kwargs,
+                    "cluster": SECOND_CLUSTER,
+                    "state_dir": f"{self.tmp}/host{node.index}-{SECOND_CLUSTER}",
+                    "journal_dir": f"{self.tmp}-journal/{node.index}-{SECOND_CLUSTER}",
+                }
+            )
+            p = self.second = Proc(self, node, 9, config)
+            node.procs.append(p)
+            self.procs.append(p)
+            self.start(p)
+            return None
+        raise AssertionError(kind)  # pragma: no cover
+
+    def _delete_prefix(self, fresh: Node | None) -> None:
+        """etcdctl del --prefix of the cluster's keys (the region's claim, outside it, stays);
+        ``fresh``: a host replaced at the same time, which starts on an empty journal."""
+        self.marks_dirty = True
+        self.forget(range(self.layout.max_worker + 1))
+        self.etcd.delete_prefix(f"/snowfence/{self.config.cluster}/")
+        if fresh is not None:
+            for q in fresh.procs:
+                if q.config.cluster == self.config.cluster:
+                    self.crash(q)
+                    shutil.rmtree(q.config.journal_path, ignore_errors=True)
+                    self.at(self.T + self.rng2.randrange(1, NS), None, self.restart, q)
+
     def _restored(self, snapshot, bump: int) -> None:
         """The restored cluster starts."""
         self.forget(range(self.layout.max_worker + 1))
@@ -1519,12 +1674,22 @@ class World:
     def _step(self, clock: HostClock, dt: int) -> None:
         clock.off += dt
 
+    def resync(self, clock: HostClock, undo: int) -> None:
+        """Now and then NTP sets a stepped clock right again, a few seconds later (drawn from
+        rng2): without it a schedule's clocks only ever drift apart, and every host's claims
+        wait for a majority that never comes."""
+        rng2 = self.rng2
+        if rng2.random() < RESYNC_SHARE:
+            self.at(self.T + rng2.randrange(NS // 2, 5 * NS), None, self._step, clock, undo)
+
     def _thaw(self, clock: HostClock, resume_behind: bool) -> None:
         frozen, clock.frozen = clock.frozen, None
         if frozen is None:
             return
         if resume_behind:  # it resumes from where it stopped, not where it should be
-            clock.off -= clock.wall() - frozen
+            behind = clock.wall() - frozen
+            clock.off -= behind
+            self.resync(clock, behind)
 
     def _member_up(self, m: int) -> None:
         if self.T >= self.restoring_until:  # a member being restored stays down until its restore is done
@@ -1579,6 +1744,15 @@ KEEPER_RUN = keeper_steps_function()
 
 #: One schedule in five runs the embedded store (its files cost more than the simulated etcd).
 EMBEDDED_SHARE = 0.2
+#: The share of schedules whose hosts (or processes) have flags of their own.
+MIXED_SHARE = 0.5
+#: The share of clock steps that NTP undoes a few seconds later.
+RESYNC_SHARE = 0.8
+#: The share of etcd schedules in which a second cluster starts in the same region.
+SECOND_CLUSTER_SHARE = 0.3
+SECOND_CLUSTER = "sim2"
+#: Faults drawn and applied with the heterogeneous cluster's own random stream.
+COMBINED_FAULTS = {"crash_and_wipe", "delete_prefix_under_cut", "second_cluster"}
 #: Schedules that mint through partitions (no fence; the mark is the only guard).
 PARTITION_MINTING_SHARE = 0.15
 FAULTS_MIN, FAULTS_MAX = 50, 150
@@ -1654,6 +1828,8 @@ def run_schedule(
         "seed": seed,
         "kind": world.kind,
         "partition_minting": world.partition_minting,
+        "mixed": world.mixed,
+        "region_refused": world.counts.get("region_refused", 0),
         "violation": violation,
         "faults": len(world.faults),
         "fault_log": world.faults,
