@@ -748,6 +748,9 @@ def _cluster_status(config, as_json: bool) -> int:
         config, lambda c: (c.census(), c.nodes(), c.regions(), _region_claims(c))
     )
     conflicts = _claim_conflicts(config.cluster, regions, claims)
+    from .broker.membership import bounds_differ
+
+    unlike = bounds_differ(members)
     epoch = config.layout.epoch_ms
     now_ms = time.time_ns() // 1_000_000 - epoch
     for e in entries:
@@ -760,6 +763,7 @@ def _cluster_status(config, as_json: bool) -> int:
             "regions": regions,
             "region_claims": claims,
             "conflicts": conflicts,
+            "bounds_not_alike": unlike,
             "nodes": members,
             "worker_ids": entries,
         }
@@ -775,6 +779,8 @@ def _cluster_status(config, as_json: bool) -> int:
         print(f"region claims of this etcd (region cluster): {shown}")
     for conflict in conflicts:
         print(f"CONFLICT: {conflict}")
+    for line in unlike:
+        print(f"WARNING: {line}; set it alike on every node")
     if members:
         print(f"{'endpoint':<32} {'region':>6} {'rotation':<8} {'worker_ids':<16} clock offsets to peers (ms)")
         for n in members:

@@ -417,3 +417,20 @@ def test_marks_that_are_not_whole_milliseconds_are_passed_over_and_shown_unreada
     assert {k: v for k, v in marks.items() if not k.endswith("/3")} == {
         f"/snowfence/garbled/marks/0/{w}": v for w, v in garbage.items()
     }  # changed nothing
+
+
+def test_status_names_a_window_bound_the_nodes_do_not_set_alike(nodes, etcd):
+    a = nodes.start("a", workers=1, args=etcd_args(etcd, "test", *FAST_LEASES))
+    b = nodes.start("b", workers=1, args=etcd_args(etcd, "test", *FAST_LEASES, "--max-reservation-window-s", "8"))
+    for node in (a, b):
+        node.wait_ready()
+    argv = [sys.executable, "-m", "snowfence", "status", "--etcd", ",".join(etcd.endpoints), "--cluster", "test"]
+
+    def warned():
+        shown = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        return shown if "WARNING: max_reservation_window_ms is not set alike" in shown.stdout else None
+
+    shown = wait_for(warned, 15, what="status to name the bound (both nodes registered)")
+    assert shown.returncode == 0  # a warning, not a conflict: the region's claim keeps the highest
+    [line] = [x for x in shown.stdout.splitlines() if x.startswith("WARNING:")]
+    assert "2000 on" in line and "8000 on" in line

@@ -68,7 +68,40 @@ def base_entry(config: Config, name: str, endpoints: list[str], metrics: str | N
         "version": __version__,
         "layout_hash": layout_hash(config),
         "started_unix_ms": time.time_ns() // 1_000_000,  # a timestamp to show, never a duration
+        # The bounds a store's quarantines count on, to be set alike on every node: status
+        # compares them across the cluster.
+        "bounds": bounds_of(config),
     }
+
+
+def bounds_of(config: Config) -> dict:
+    return {
+        "reservation_window_ms": int(config.reservation_window_s * 1000),
+        "max_reservation_window_ms": int(config.max_reservation_window_s * 1000),
+        "max_ahead_ms": config.max_ahead_ms,
+        "max_clock_skew_ms": config.max_clock_skew_ms,
+        "max_peer_offset_ms": config.peer_offset_bound_ms,
+    }
+
+
+#: The bounds that must be alike on every node of a cluster (each node's own window may differ).
+SHARED_BOUNDS = ("max_reservation_window_ms", "max_ahead_ms", "max_clock_skew_ms", "max_peer_offset_ms")
+
+
+def bounds_differ(members: list[dict]) -> list[str]:
+    """What the cluster's nodes do not set alike, one line per bound (nodes of an older
+    release, with no bounds in their entry, are left out)."""
+    out = []
+    for name in SHARED_BOUNDS:
+        values: dict = {}
+        for m in members:
+            bounds = m.get("bounds")
+            if isinstance(bounds, dict) and name in bounds:
+                values.setdefault(bounds[name], []).append(str(m.get("node")))
+        if len(values) > 1:
+            shown = "; ".join(f"{v} on {', '.join(sorted(nodes))}" for v, nodes in sorted(values.items(), key=str))
+            out.append(f"{name} is not set alike: {shown}")
+    return out
 
 
 class Membership(threading.Thread):
