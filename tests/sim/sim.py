@@ -903,7 +903,6 @@ class World:
                     out["reservation_window_s"] = out["max_reservation_window_s"] = keepalive * 6
             return out
 
-        self.flags = flags
         # Embedded: the state directory every process shares. etcd: each host's own (its journal).
         self.tmp: str | None = tempfile.mkdtemp(prefix="snowfence-sim-", dir=shm)
         self.config_kwargs["state_dir"] = self.tmp
