@@ -197,9 +197,9 @@ class Routing:
         self.accepting = True
         #: Set while the node must not mint at all (its clock disagrees with its peers).
         self.veto: str | None = None
-        #: Why this node's clock cannot be trusted to count a quarantine on (None: it can):
-        #: pending until its peers have been heard once, then the peers' verdict (see
-        #: ``clock_verdict``); told to every worker, which claims no worker ID of unknown state
+        #: Why no claim may count on this node's clock (None: a majority of the cluster
+        #: vouches for it): pending until its peers have been heard once, then the peers'
+        #: verdict (see ``clock_verdict``); told to every worker, which claims no worker ID
         #: while it is set.
         self._verdict: str | None = pending_verdict(config)
         self._describe_broker = describe_broker or (lambda: {})
@@ -706,7 +706,7 @@ class Routing:
 
     @clock_verdict.setter
     def clock_verdict(self, why: str | None) -> None:
-        """Why this node's clock must not count a quarantine (None: it may). Its workers are
+        """Why no claim may count on this node's clock (None: they may). Its workers are
         told on every change, and each new one when it connects."""
         if why != self._verdict:
             self._verdict = why
