@@ -20,7 +20,7 @@ import zmq.asyncio
 from .. import protocol
 from ..errors import SnowfenceError
 from .core import (
-    FAST_CONNECT_TIMEOUT_S,
+    KEEP,
     Block,
     ClientBase,
     Pending,
@@ -29,6 +29,7 @@ from .core import (
     ReserveJob,
     ReserveRound,
     StatusRound,
+    open_dealer,
 )
 
 
@@ -131,7 +132,7 @@ class AsyncClient(ClientBase):
         if self._closed:
             raise SnowfenceError("the client is closed")
         if self._sock is None:
-            self._sock = self._dealer()
+            self._sock = open_dealer(self._ctx, self.curve, self.endpoint)
             self._reader = asyncio.get_running_loop().create_task(self._read(self._sock))
         return self._sock
 
@@ -149,16 +150,10 @@ class AsyncClient(ClientBase):
         except (asyncio.CancelledError, zmq.ZMQError):
             pass
 
-    async def _fast_connection(self, n: int, chunk: int) -> _FastProtocol | None:
-        """The fast connection for a reservation of ``n``, opened if need be; None for ZeroMQ
-        (see :meth:`ClientBase._fast_route`). Tasks that ask while it opens wait for it."""
-        now_ns = time.monotonic_ns()
-        route = self._fast_route(n, chunk, now_ns)
-        if route is None:
-            return None
-        fast = self._fast
-        if fast is not None and fast.where == route and fast.endpoint == self.endpoint and not fast.lost:
-            return fast
+    async def _open_fast(self, route: tuple[str, int]) -> _FastProtocol | None:
+        """A fast connection to ``route`` (host, port), where :meth:`ClientBase._fast_choice`
+        said to open one; None (ZeroMQ) if it cannot be opened. Tasks that ask while it
+        opens wait for it."""
         if self._fast_opening is not None:
             return await asyncio.shield(self._fast_opening)
         loop = asyncio.get_running_loop()
@@ -169,7 +164,7 @@ class AsyncClient(ClientBase):
                 endpoint = self.endpoint
                 _, proto = await asyncio.wait_for(
                     loop.create_connection(lambda: _FastProtocol(self, route, endpoint), *route),
-                    min(self.timeout_s, FAST_CONNECT_TIMEOUT_S),
+                    self._fast_connect_timeout_s(),
                 )
             except (OSError, TimeoutError):
                 self._fast_failed(time.monotonic_ns())
@@ -198,11 +193,9 @@ class AsyncClient(ClientBase):
             fast, self._fast = self._fast, None
             fast.close()
 
-    def _reset(self, rotate: bool = True) -> None:
-        """Close the socket with everything still on it; the waiters learn it is gone. A
-        timeout (``rotate``) while a fast connection was open is the fast port's failure too."""
-        if rotate and self._fast is not None:
-            self._fast_failed(time.monotonic_ns())
+    def _close_connections(self) -> None:
+        """Close the socket and the fast connection with everything still on them; the
+        waiters learn they are gone."""
         self._close_fast()
         for future in self._waiters.values():
             if not future.done():
@@ -214,7 +207,6 @@ class AsyncClient(ClientBase):
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
-        super()._reset(rotate)
 
     async def _ask(self, pending: Pending, frame: bytes) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
@@ -227,28 +219,22 @@ class AsyncClient(ClientBase):
     async def reserve(self, n: int, *, after: int | None = None) -> list[Block]:
         """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``."""
         fast = self._fast
-        if fast is not None and after is None:
-            return await self._reserve_fast(fast, n)
+        if fast is not None:
+            return await self._reserve_fast(fast, n, after)
         return await self._reserve(n, after=after)
 
-    async def _reserve_fast(self, fast: _FastProtocol, n: int) -> list[Block]:
-        """``reserve(n)`` while a fast connection is open: one request sent at once and,
-        when its answer is the whole grant, returned at once. Anything else (another
-        answer, none in time, the connection closing under it) :meth:`_reserve` takes
-        from there, as if its own round had sent the request; a call that is not one
-        small request, or that discovery is due for, goes there from the start.
+    async def _reserve_fast(self, fast: _FastProtocol, n: int, after: int | None = None) -> list[Block]:
+        """``reserve(n)`` while a fast connection is open, on the one-request path when
+        :meth:`ClientBase._one_request` says so: one request sent at once and, when its
+        answer is the whole grant, returned at once. Anything else (another answer, none
+        in time, the connection closing under it) :meth:`_reserve` takes from there, as if
+        its own round had sent the request; any other call goes there from the start.
 
         The common case of a single ID is all this does: building a round for it costs
         about as much as the rest of the round trip in Python."""
         now = time.monotonic_ns()
-        if (
-            n.__class__ is not int
-            or not 0 < n <= protocol.MAX_BLOCK
-            or fast.lost
-            or not self._fast_still(fast.endpoint, fast.where[1], n, protocol.MAX_BLOCK)
-            or self._discovery_wanted(now)
-        ):
-            return await self._reserve(n)
+        if fast.lost or not self._one_request(fast, n, after, now):
+            return await self._reserve(n, after=after)
         pending, frame = self._core.reserve(n, now + self._timeout_ns)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -266,10 +252,9 @@ class AsyncClient(ClientBase):
             timer.cancel()
         matched = future.result()
         if matched is not None and matched is not _LOST and matched is not _EXPIRED:
-            reply = matched[1]
-            if reply.type == protocol.BLOCK and reply.count == n:
-                self.directory.answered()
-                return [Block(reply.first, n)]
+            blocks = self._whole_grant(matched[1], n)
+            if blocks is not None:
+                return blocks
         return await self._reserve(n, sent=(pending, self._expired_or_reset(matched, resets)))
 
     async def _reserve(
@@ -293,18 +278,18 @@ class AsyncClient(ClientBase):
                     await self._discover()
             else:
                 pending, matched = sent
-                job.to_send()  # all n in the one request already sent
-                pending.job = job
-                round_.waiting[pending.request_id] = pending
+                round_.adopt(pending)
                 expired = self._outcome(round_, pending, matched)
                 await self._settle(round_, waiting, pending.deadline_ns if expired else 0)
             while not round_.done:
                 fast = self._fast
-                if self._fast_ports and (
-                    fast is None or fast.lost or not self._fast_still(fast.endpoint, fast.where[1], n, chunk)
-                ):
-                    fast = await self._fast_connection(n, chunk)
                 now = time.monotonic_ns()
+                choice = self._fast_choice(None if fast is None or fast.lost else fast, n, chunk, now)
+                if choice is None:
+                    fast = None
+                elif choice is not KEEP:
+                    fast = await self._open_fast(choice)
+                    now = time.monotonic_ns()
                 for pending, frame in round_.requests(now):
                     if fast is not None and not fast.lost:  # _ask, inline
                         future = loop.create_future()
@@ -367,10 +352,11 @@ class AsyncClient(ClientBase):
         """After a wait: reset the connection and back off as :meth:`ReserveRound.settle` says.
         A deadline that expired a request is at least "now" for it, whatever the clock
         read a moment ago (the timer may fire a hair early)."""
-        reset, sleep_s = round_.settle(max(time.monotonic_ns(), expired_deadline_ns))
+        now_ns = max(time.monotonic_ns(), expired_deadline_ns)
+        reset, sleep_s = round_.settle(now_ns)
         if reset:
             self._forget_waiters(waiting)
-            self._reset()
+            self._reset(rotate=True, now_ns=now_ns)
         if sleep_s:
             await asyncio.sleep(sleep_s)
 
@@ -402,13 +388,13 @@ class AsyncClient(ClientBase):
         except TimeoutError:
             # As for any request: the endpoint failed, and the socket goes with what is on it.
             self._waiters.pop(pending.request_id, None)
-            self._reset()
+            self._reset(rotate=True, now_ns=time.monotonic_ns())
             return
         self._discovered(None if matched is None else matched[1])
 
     async def _ask_json(self, what: str) -> dict:
         round_ = StatusRound(self, what, time.monotonic_ns())
-        if what != "nodes":
+        if round_.discovers_first:
             await self._discover()
         while True:
             pending, frame = round_.request(time.monotonic_ns())
@@ -417,8 +403,9 @@ class AsyncClient(ClientBase):
                 matched = await asyncio.wait_for(future, self.timeout_s)
             except TimeoutError:
                 self._waiters.pop(pending.request_id, None)
-                self._reset()
-                round_.on_lost(time.monotonic_ns())
+                now_ns = time.monotonic_ns()
+                self._reset(rotate=True, now_ns=now_ns)
+                round_.on_lost(now_ns)
                 continue
             if matched is None:  # the socket was reset under it
                 round_.on_lost(time.monotonic_ns(), timed_out=False)

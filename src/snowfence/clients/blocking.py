@@ -23,7 +23,7 @@ import zmq.backend
 from .. import protocol
 from ..errors import SnowfenceError
 from .core import (
-    FAST_CONNECT_TIMEOUT_S,
+    KEEP,
     Block,
     ClientBase,
     Pending,
@@ -32,6 +32,7 @@ from .core import (
     ReserveJob,
     ReserveRound,
     StatusRound,
+    open_dealer,
 )
 
 # The wait for a reply is a blocking recv with a receive timeout (the GIL released),
@@ -44,7 +45,6 @@ _RCVTIMEO = int(zmq.RCVTIMEO)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _stream = protocol.encode_stream
-_BLOCK = protocol.BLOCK
 #: What :meth:`Client._reserve_fast` got when its fast connection closed under its request.
 _LOST = ("lost", None)
 
@@ -182,30 +182,24 @@ class Client(ClientBase):
 
     def reserve(self, n: int, *, after: int | None = None) -> list[Block]:
         """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``."""
-        if self._fast is not None and after is None:
-            return self._reserve_fast(n)
+        if self._fast is not None:
+            return self._reserve_fast(n, after)
         return self._reserve(n, after=after)
 
-    def _reserve_fast(self, n: int) -> list[Block]:
-        """``reserve(n)`` while a fast connection is open: one request sent at once and,
-        when its answer is the whole grant, returned at once. Anything else (another
-        answer, none in time, the connection closing under it) :meth:`_reserve` takes
-        from there, as if its own round had sent the request; a call that is not one
-        small request, or that discovery is due for, goes there from the start.
+    def _reserve_fast(self, n: int, after: int | None = None) -> list[Block]:
+        """``reserve(n)`` while a fast connection is open, on the one-request path when
+        :meth:`ClientBase._one_request` says so: one request sent at once and, when its
+        answer is the whole grant, returned at once. Anything else (another answer, none
+        in time, the connection closing under it) :meth:`_reserve` takes from there, as if
+        its own round had sent the request; any other call goes there from the start.
 
         The common case of a single ID is all this does: a round (a job, its plan, its
         settling) costs about as much Python as the rest of the round trip."""
         with self._lock:
             fast = self._fast
             now = time.monotonic_ns()
-            if (
-                fast is None
-                or n.__class__ is not int
-                or not 0 < n <= protocol.MAX_BLOCK
-                or not self._fast_still(fast.endpoint, fast.where[1], n, protocol.MAX_BLOCK)
-                or self._discovery_wanted(now)
-            ):
-                return self._reserve(n)
+            if fast is None or not self._one_request(fast, n, after, now):
+                return self._reserve(n, after=after)
             core = self._core
             pending, frame = core.reserve(n, now + self._timeout_ns)
             outcome: tuple | None = None  # None: no reply in time
@@ -227,10 +221,9 @@ class Client(ClientBase):
                 core.abandon((pending,))
                 raise
             if outcome is not None and outcome is not _LOST:
-                reply = outcome[1]
-                if reply.type == _BLOCK and reply.count == n:
-                    self.directory.answered()
-                    return [Block(reply.first, n)]
+                blocks = self._whole_grant(outcome[1], n)
+                if blocks is not None:
+                    return blocks
             return self._reserve(n, sent=(pending, outcome))
 
     def _reserve(
@@ -281,7 +274,7 @@ class Client(ClientBase):
     def _ask_json(self, what: str) -> dict:
         with self._lock:
             round_ = StatusRound(self, what, time.monotonic_ns())
-            if what != "nodes":
+            if round_.discovers_first:
                 self._discover()
             while True:
                 pending, frame = round_.request(time.monotonic_ns())
@@ -296,10 +289,7 @@ class Client(ClientBase):
             fetcher.close()
         self._prefetchers = []
         with self._lock:
-            self._close_fast()
-            if self._sock is not None:
-                self._sock.close(linger=0)
-                self._sock = None
+            self._close_connections()
 
     def __enter__(self) -> Client:
         return self
@@ -311,7 +301,7 @@ class Client(ClientBase):
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
-            self._sock = self._dealer()
+            self._sock = open_dealer(self._ctx, self.curve, self.endpoint)
             self._rcvtimeo = {}
         return self._sock
 
@@ -325,39 +315,40 @@ class Client(ClientBase):
         self._discovered(self._await(pending))  # a timeout resets and moves on, as for any request
 
     def _fast_connection(self, n: int, chunk: int) -> FastConnection | None:
-        """The connection to use for a reservation of ``n`` on the fast port, opened if
-        need be; None for ZeroMQ (see :meth:`ClientBase._fast_route`)."""
+        """The connection to use for a turn of a reservation of ``n`` on the fast port,
+        opened if need be; None for ZeroMQ (see :meth:`ClientBase._fast_choice`)."""
         now_ns = time.monotonic_ns()
-        route = self._fast_route(n, chunk, now_ns)
-        if route is None:
-            return None
-        fast = self._fast
-        if fast is not None and fast.where == route and fast.endpoint == self.endpoint:
-            return fast
+        choice = self._fast_choice(self._fast, n, chunk, now_ns)
+        if choice is None or choice is KEEP:
+            return None if choice is None else self._fast
         self._close_fast()
         try:
-            self._fast = FastConnection(*route, min(self.timeout_s, FAST_CONNECT_TIMEOUT_S), self.timeout_s)
+            self._fast = FastConnection(*choice, self._fast_connect_timeout_s(), self.timeout_s)
             self._fast.endpoint = self.endpoint
         except OSError:
             self._fast_failed(now_ns)
             return None
         return self._fast
 
+    def _fast_broke(self, round_: ReserveRound) -> None:
+        """The fast connection closed or was reset under the round: ask again at once, on
+        ZeroMQ while the fast port is left alone."""
+        round_.connection_lost()
+        self._close_fast()
+        self._fast_failed(time.monotonic_ns())
+
     def _close_fast(self) -> None:
         if self._fast is not None:
             self._fast.close()
             self._fast = None
 
-    def _reset(self, rotate: bool) -> None:
-        """Drop the socket (and any reply still on its way) and reconnect. A timeout
-        (``rotate``) while a fast connection was open is the fast port's failure too."""
-        if rotate and self._fast is not None:
-            self._fast_failed(time.monotonic_ns())
+    def _close_connections(self) -> None:
+        """Drop the socket (and any reply still on its way) and the fast connection; the
+        next request reconnects."""
         self._close_fast()
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
-        super()._reset(rotate)
 
     def _await(self, pending: Pending) -> protocol.Reply | None:
         """Wait for the reply to one request; None (and a reset) if it timed out."""
@@ -366,7 +357,7 @@ class Client(ClientBase):
             left_ms = (pending.deadline_ns - time.monotonic_ns()) // 1_000_000
             body = _recv_within(sock, left_ms, self._rcvtimeo) if left_ms > 0 else None
             if body is None:
-                self._reset(rotate=True)
+                self._reset(rotate=True, now_ns=time.monotonic_ns())
                 return None
             matched = self._core.match(body)
             if matched is not None and matched[0] is pending:
@@ -380,15 +371,12 @@ class Client(ClientBase):
             if sent is not None and self._take_over(round_, *sent):
                 self._settle(round_)  # a refusal's back-off (or a timeout's reset) before asking again
             while not round_.done:
-                fast = self._fast_connection(job.n, chunk) if self._fast_ports else None
+                fast = self._fast_connection(job.n, chunk)
                 if fast is not None:
                     try:
                         self._turn_fast(round_, fast)
                     except OSError:
-                        # Closed or reset under the round: ask again on ZeroMQ, at once.
-                        round_.connection_lost()
-                        self._close_fast()
-                        self._fast_failed(time.monotonic_ns())
+                        self._fast_broke(round_)
                         continue
                 else:
                     sock = self._socket()
@@ -411,9 +399,10 @@ class Client(ClientBase):
 
     def _settle(self, round_: ReserveRound) -> None:
         """After a wait: reset the connection and back off as :meth:`ReserveRound.settle` says."""
-        reset, sleep_s = round_.settle(time.monotonic_ns())
+        now_ns = time.monotonic_ns()
+        reset, sleep_s = round_.settle(now_ns)
         if reset:
-            self._reset(rotate=True)
+            self._reset(rotate=True, now_ns=now_ns)
         if sleep_s:
             time.sleep(sleep_s)
 
@@ -422,14 +411,9 @@ class Client(ClientBase):
         a reply goes to the round; a closed connection asks again on ZeroMQ at once (as in
         :meth:`_run`); no reply in time leaves it waiting past its deadline. True when the
         round is to settle first (a refusal's back-off, a timeout's reset), as after any wait."""
-        job = round_.job
-        job.to_send()  # all n in the one request already sent
-        pending.job = job
-        round_.waiting[pending.request_id] = pending
+        round_.adopt(pending)
         if outcome is _LOST:
-            round_.connection_lost()
-            self._close_fast()
-            self._fast_failed(time.monotonic_ns())
+            self._fast_broke(round_)
             return False
         if outcome is not None:
             round_.on_reply(*outcome)
