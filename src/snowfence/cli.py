@@ -651,27 +651,16 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
     config = _load_config(args)
     if not args.reason.strip() or not args.reason.isprintable():
         raise ConfigError("--reason must be printable text")
-    window_ms = config.store_window_ms
-    if config.embedded:
-        from .workers.embedded import FileStore
-        from .workers.journal import Journal
+    from .store import open_store
 
-        journal = Journal(config.journal_path, "embedded")
-        store = FileStore(
-            config.state_dir,
-            config.layout,
-            config.region,
-            window_ms=window_ms,
-            max_ahead_ms=config.max_ahead_ms,
-            journal=journal,
-        )
+    # The store as the node opens it, every setting counted; an etcd cluster's without this
+    # host's journal (the command may run on any host that reaches etcd).
+    store = open_store(config, journal=config.embedded)
+    if config.embedded:
         where = f"state directory {config.state_dir}"
         if store.journal.problem:
             print(f"this host's journal had refused: {store.journal.problem}")
     else:
-        from .etcd.store import EtcdStore
-
-        store = EtcdStore(config)
         where = f"cluster {config.cluster!r}"
     try:
         genesis = store.accept_restore(args.reason.strip())

@@ -7,6 +7,7 @@ fails if it does so again.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -239,6 +240,27 @@ def test_a_state_dir_on_nfs_is_refused_unless_allowed(nodes, fsshim):
     allowed = nodes.start("allowed", workers=1, env=env, args=("--allow-unsafe-filesystem", "true"))
     allowed.wait_ready()
     assert "unsafe_filesystem_allowed" in allowed.log()
+
+
+def test_accept_restore_takes_the_store_settings_serve_takes(nodes, fsshim, tmp_path):
+    """accept-restore opens the store as serve does: a state directory serve accepts
+    with --allow-unsafe-filesystem is one accept-restore accepts with it too."""
+    env = {**os.environ, **shim_env(fsshim, fstype=NFS_MAGIC)}
+    state = tmp_path / "state"
+    common = ("accept-restore", "--reason", "restored on purpose", "--state-dir", str(state))
+    refused = subprocess.run([sys.executable, "-m", "snowfence", *common], capture_output=True, text=True, env=env)
+    assert refused.returncode == 78 and "--allow-unsafe-filesystem" in refused.stderr, refused.stderr
+    assert not (state / "layout.json").exists()
+    allowed = subprocess.run(
+        [sys.executable, "-m", "snowfence", *common, "--allow-unsafe-filesystem", "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert "accepted restore" in allowed.stdout and "Traceback" not in allowed.stderr
+    node = nodes.start("after", workers=1, state_dir=state, env=env, args=("--allow-unsafe-filesystem", "true"))
+    node.wait_ready()
 
 
 def test_a_layout_file_that_leaves_fields_out_stops_the_node_and_changes_nothing(nodes, tmp_path):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import sim
 
-from snowfence.workers import embedded
+from snowfence.store import files as embedded
 
 
 class StaleMutant(RuntimeError):
@@ -52,6 +52,7 @@ class Mutant:
 
 M = "snowfence.workers."
 R = "snowfence.broker."
+S = "snowfence.store."
 
 MUTANTS = [
     Mutant(
@@ -67,7 +68,7 @@ MUTANTS = [
         "the keeper moves the minter's reservation before the store confirmed the extension",
         (
             Edit(
-                M + "lease:Keeper.renew_once",
+                M + "keeper:Keeper.renew_once",
                 "        if wanted > lease.reserved_until_ms:\n            lease.extend(wanted)",
                 "        minter.reserved_until_ms = max(minter.reserved_until_ms, wanted)\n"
                 "        if wanted > lease.reserved_until_ms:\n            lease.extend(wanted)",
@@ -79,7 +80,7 @@ MUTANTS = [
         "the fence is counted from the renewal's reply instead of its send",
         (
             Edit(
-                M + "lease:Keeper.renew_once",
+                M + "keeper:Keeper.renew_once",
                 "minter.fence_deadline_ns = sent + self.fence_ns",
                 "minter.fence_deadline_ns = self._mono_ns() + self.fence_ns",
             ),
@@ -91,7 +92,7 @@ MUTANTS = [
         "etcd: a release lowers the mark below the last millisecond used",
         (
             Edit(
-                "snowfence.etcd.store:EtcdLease.release",
+                "snowfence.store.etcd:EtcdLease.release",
                 "max(last_used_ms, self.claimed_mark_ms)",
                 "max(last_used_ms - 1, self.claimed_mark_ms)",
             ),
@@ -103,7 +104,7 @@ MUTANTS = [
         "embedded: a release lowers the mark below the last millisecond used",
         (
             Edit(
-                M + "embedded:FileLease.release",
+                S + "files:FileLease.release",
                 "max(last_used_ms, self.claimed_mark_ms)",
                 "max(last_used_ms - 1, self.claimed_mark_ms)",
                 count=0,
@@ -128,7 +129,7 @@ MUTANTS = [
         "etcd: extending the mark is not guarded by the fencing token",
         (
             Edit(
-                "snowfence.etcd.store:EtcdLease._write",
+                "snowfence.store.etcd:EtcdLease._write",
                 "if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]",
                 "if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]\n"
                 "        if until_ms is not None:\n"
@@ -143,7 +144,7 @@ MUTANTS = [
     Mutant(
         "unguarded-release",
         "etcd: a release (lower the mark, delete the claim) is not guarded by the fencing token",
-        (Edit("snowfence.etcd.store:EtcdLease._release", "compare=self._guard()", "compare=[]"),),
+        (Edit("snowfence.store.etcd:EtcdLease._release", "compare=self._guard()", "compare=[]"),),
         kinds=("etcd",),
     ),
     Mutant(
@@ -187,7 +188,7 @@ MUTANTS = [
         "the keeper does not fence the minter when the store says the lease is lost",
         (
             Edit(
-                M + "lease:Keeper.run",
+                M + "keeper:Keeper.run",
                 "                self.lost = exc\n                self.minter.fence_deadline_ns = -1\n",
                 "                self.lost = exc\n",
             ),
@@ -198,7 +199,7 @@ MUTANTS = [
         "embedded: the holder does not re-check that its lock file is still the one at the path",
         (
             Edit(
-                M + "embedded:FileLease.check",
+                S + "files:FileLease.check",
                 "        lock_path, mark_path = self._store.paths(self.worker_id)\n",
                 "        return\n        lock_path, mark_path = self._store.paths(self.worker_id)\n",
             ),
@@ -211,7 +212,7 @@ MUTANTS = [
         "etcd: a renewal checks the lease but not that the claim and the mark are still the holder's",
         (
             Edit(
-                "snowfence.etcd.store:EtcdLease._guard",
+                "snowfence.store.etcd:EtcdLease._guard",
                 "return [tx.create(self.claim_key) == self.token, tx.mod(self.mark_key) == self.mark_rev]",
                 "return []",
             ),
@@ -311,7 +312,7 @@ MUTANTS = [
                 "if False:",
             ),
             Edit(
-                "snowfence.etcd.store:EtcdLease._check_region",
+                "snowfence.store.etcd:EtcdLease._check_region",
                 "if claim is None or claim.cluster != store.config.cluster:",
                 "if False:",
             ),
@@ -323,7 +324,7 @@ MUTANTS = [
         "a new embedded store (a wiped state directory) mints at once, below what an hlc node ran ahead to",
         (
             Edit(
-                M + "embedded:FileStore.check_layout",
+                S + "files:FileStore.check_layout",
                 "quarantine_until_ms=now_unix_ms - layout.epoch_ms + self.run_ahead_ms(),",
                 "quarantine_until_ms=0,",
             ),
@@ -336,7 +337,7 @@ MUTANTS = [
         "a claim takes the store's mark and forgets the highest mark this node's journal saw",
         (
             Edit(
-                M + "journal:Journal.floor_ms",
+                S + "journal:Journal.floor_ms",
                 "        with self._lock:\n",
                 "        return -1\n        with self._lock:\n",
             ),

@@ -5,15 +5,15 @@ faults at moments chosen from the schedule's seed. What runs is the real code:
 
 * the real :class:`~snowfence.workers.minter.Minter` of every held worker ID;
 * the real state decision, :func:`~snowfence.workers.states.next_state`;
-* the real :class:`~snowfence.workers.lease.Keeper`: its ``run`` loop is turned
+* the real :class:`~snowfence.workers.keeper.Keeper`: its ``run`` loop is turned
   into a generator by following each ``self._sleep(x)`` with ``yield x`` (so its
   retry, back-off, stall and lease-lost decisions are the real ones), and the
   simulator resumes it when the sleep is over or when ``wake()`` is called;
-* the real stores: :class:`~snowfence.etcd.store.EtcdStore` and ``EtcdLease``
+* the real stores: :class:`~snowfence.store.etcd.EtcdStore` and ``EtcdLease``
   talking to a simulated etcd through a fake of the small client surface they use
   (``transaction`` with compares on ``create_revision``, lease grant, keep-alive,
   revoke, ``get_prefix``), built from the client library's own compare and
-  operation objects; or the real :class:`~snowfence.workers.embedded.FileStore`
+  operation objects; or the real :class:`~snowfence.store.files.FileStore`
   on a directory on tmpfs, where ``flock`` between two descriptors conflicts
   even inside one process, so several simulated processes have real lock
   semantics.
@@ -78,11 +78,10 @@ from snowfence.errors import (
     StateDirError,
     TokenAhead,
 )
-from snowfence.etcd import store as etcd_mod
+from snowfence.store import files as embedded_mod
+from snowfence.store import open_store
 from snowfence.workers import core as core_mod
-from snowfence.workers import embedded as embedded_mod
-from snowfence.workers import journal as journal_mod
-from snowfence.workers import lease as lease_mod
+from snowfence.workers import keeper as lease_mod
 from snowfence.workers.core import Clocks, WorkerCore, preference_files
 from snowfence.workers.exits import Exit
 from snowfence.workers.minter import NO_FLOOR, Minter
@@ -1087,22 +1086,12 @@ class World:
         p.inbox.clear()
         config = p.config
         clock = p.node.clock
-        if self.kind == "etcd":
-            journal = journal_mod.Journal(config.journal_path, "etcd-sim", marks_store_wide=True)
-            store = etcd_mod.EtcdStore(config, mono_ns=p.mono_ns, journal=journal, wall_ns=clock.wall)
-            store._build_client = lambda: FakeClient(
-                self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)], config.etcd_timeout_s
-            )
-        else:
-            store = embedded_mod.FileStore(
-                config.state_dir,
-                self.layout,
-                self.region,
-                window_ms=config.store_window_ms,  # as workers/main.py's open_store opens it
-                max_ahead_ms=config.max_ahead_ms,
-                wall_ns=clock.wall,
-                journal=journal_mod.Journal(config.journal_path, "embedded"),
-            )
+        store = open_store(
+            config,
+            wall_ns=clock.wall,
+            mono_ns=p.mono_ns,
+            etcd_client=lambda: FakeClient(self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)], config.etcd_timeout_s),
+        )
         store.claim = functools.partial(self.claim, p, store.claim)
         p.core = WorkerCore(
             config,
@@ -1386,18 +1375,8 @@ class World:
             return
         config = self.procs[0].config
         wall = self.nodes[0].clock.wall
-        if self.kind == "etcd":
-            store = etcd_mod.EtcdStore(config, wall_ns=wall)
-            store._build_client = lambda: DirectClient(self.etcd)
-        else:
-            store = embedded_mod.FileStore(
-                self.tmp,
-                self.layout,
-                self.region,
-                window_ms=config.store_window_ms,
-                max_ahead_ms=config.max_ahead_ms,
-                wall_ns=wall,
-            )
+        # As `snowfence accept-restore` opens it (see cli.py).
+        store = open_store(config, journal=config.embedded, wall_ns=wall, etcd_client=lambda: DirectClient(self.etcd))
         try:
             store.accept_restore("the simulator's operator")
         except (SnowfenceError, OSError):

@@ -27,7 +27,7 @@ import sim  # noqa: E402
 from snowfence.config import Config  # noqa: E402
 from snowfence.errors import SnowfenceError  # noqa: E402
 from snowfence.etcd.cluster import Cluster  # noqa: E402
-from snowfence.etcd.store import EtcdStore  # noqa: E402
+from snowfence.store.etcd import EtcdStore  # noqa: E402
 
 TTL_S = 2
 LAYOUT = dict(time_bits=53, region_bits=2, worker_bits=2, sequence_bits=6)
@@ -76,7 +76,7 @@ def script(stores, mark_of, delete_claim, lapse) -> list:
 def membership(store) -> list:
     """The census after the script, and a node's entry, its lease and region records."""
     cluster = Cluster(store.config)
-    cluster._build_client = store._build_client  # the same etcd as the store's
+    cluster._build_client = store.connection._build_client  # the same etcd as the store's
     seen = [
         (
             e["region"],
@@ -154,7 +154,9 @@ def test_the_simulated_etcd_answers_as_a_real_one(tmp_path):
     stores = []
     for _ in range(3):
         store = EtcdStore(cfg)
-        store._build_client = lambda: sim.FakeClient(world, proc, [f"127.0.0.1:{2379 + i}" for i in range(3)], 0.5)
+        store.connection._build_client = lambda: sim.FakeClient(
+            world, proc, [f"127.0.0.1:{2379 + i}" for i in range(3)], 0.5
+        )
         stores.append(store)
 
     def fake_mark(wid):
@@ -174,7 +176,7 @@ def test_the_simulated_etcd_answers_as_a_real_one(tmp_path):
     stores = []
     for _ in range(3):
         store = EtcdStore(cfg)
-        store._build_client = lambda: DirectClient(server)
+        store.connection._build_client = lambda: DirectClient(server)
         stores.append(store)
 
     def lapse():

@@ -14,8 +14,8 @@ from fakeclock import FakeClock
 
 from snowfence.config import Config
 from snowfence.etcd.cluster import Cluster
-from snowfence.etcd.store import EtcdStore
-from snowfence.workers.genesis import Genesis
+from snowfence.store.etcd import EtcdStore
+from snowfence.store.genesis import Genesis
 
 LAYOUT = dict(time_bits=53, region_bits=2, worker_bits=2, sequence_bits=6)  # worker IDs 0..3
 PREFIX = "/snowfence/unit/"
@@ -57,7 +57,7 @@ class Etcd:
 
     def store(self, labels=("127.0.0.1:2379",), **overrides) -> EtcdStore:
         store = EtcdStore(config(**overrides), mono_ns=self.clock.mono_ns)
-        store._build_client = lambda: self._client(labels)
+        store.connection._build_client = lambda: self._client(labels)
         return store
 
     def cluster(self, labels=("127.0.0.1:2379",), **overrides) -> Cluster:

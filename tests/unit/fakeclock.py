@@ -4,7 +4,8 @@ keeper of a worker ID on them."""
 from __future__ import annotations
 
 from snowfence.ids import DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Layout
-from snowfence.workers.lease import Keeper, Lease
+from snowfence.store.base import Lease
+from snowfence.workers.keeper import Keeper
 from snowfence.workers.minter import Minter
 
 

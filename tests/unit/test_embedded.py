@@ -11,7 +11,7 @@ import pytest
 
 from snowfence.errors import LayoutMismatch, StateDirError
 from snowfence.ids import DEFAULT_LAYOUT, Layout
-from snowfence.workers.embedded import FileStore
+from snowfence.store.files import FileStore
 
 HOLDER = "test"
 
@@ -33,7 +33,7 @@ def hold_in_child(tmp_path, worker_id):
     code = textwrap.dedent(f"""
         import sys, time
         from snowfence.ids import DEFAULT_LAYOUT
-        from snowfence.workers.embedded import FileStore
+        from snowfence.store.files import FileStore
         s = FileStore({str(tmp_path)!r}, DEFAULT_LAYOUT, 0)
         lease = s.try_claim({worker_id}, "child", None)
         assert lease is not None

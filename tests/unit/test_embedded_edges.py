@@ -20,9 +20,9 @@ import pytest
 
 from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
-from snowfence.workers import embedded
-from snowfence.workers.embedded import FileStore
-from snowfence.workers.lease import PreferenceFile, embedded_namespace, node_key
+from snowfence.store import files as embedded
+from snowfence.store.files import FileStore
+from snowfence.store.preference import PreferenceFile, embedded_namespace, node_key
 
 HOLDER = "node-a:41:slot0"
 EIO = OSError(errno.EIO, "Input/output error")

@@ -21,11 +21,11 @@ from fakeclock import FakeClock
 
 from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
-from snowfence.workers import embedded
-from snowfence.workers.embedded import FileStore, mark_checksum
-from snowfence.workers.genesis import Genesis
-from snowfence.workers.journal import Journal
-from snowfence.workers.lease import PreferenceFile, embedded_namespace, node_key
+from snowfence.store import files as embedded
+from snowfence.store.files import FileStore, mark_checksum
+from snowfence.store.genesis import Genesis
+from snowfence.store.journal import Journal
+from snowfence.store.preference import PreferenceFile, embedded_namespace, node_key
 
 HOLDER = "test"
 

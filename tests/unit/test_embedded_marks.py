@@ -8,7 +8,7 @@ import pytest
 
 from snowfence.errors import WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT
-from snowfence.workers.embedded import FileStore, Mark, mark_checksum
+from snowfence.store.files import FileStore, Mark, mark_checksum
 
 EPOCH = DEFAULT_LAYOUT.epoch_ms
 

@@ -12,7 +12,7 @@ from fake_etcd import RpcError
 from snowfence.errors import ConfigError, EtcdUnavailable, LeaseLost
 from snowfence.etcd import client as client_mod
 from snowfence.etcd.client import REBUILD_AFTER_FAILURES
-from snowfence.etcd.store import EtcdStore
+from snowfence.store.etcd import EtcdStore
 
 # -- errors from etcd ---------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ def test_the_client_moves_to_the_next_member_after_each_failure_and_clears_the_l
     assert all(endpoint.last_failed == 0 for endpoint in client.endpoints.values())
     client._current_endpoint_label = "elsewhere:1"  # a member the client does not list
     client.fail(RpcError("UNAVAILABLE"))
-    store._succeeded()
+    store.connection._succeeded()
     with pytest.raises(EtcdUnavailable):
         store.taken()
     assert client._current_endpoint_label == "m0:2379"
@@ -122,7 +122,7 @@ def test_a_rebuilt_client_starts_its_own_count_of_failures(etcd):
 
 def test_a_client_that_cannot_be_built_is_an_etcd_failure_and_is_tried_again(etcd):
     store = etcd.store()
-    build = store._build_client
+    build = store.connection._build_client
     attempts = []
 
     def refused():
@@ -131,7 +131,7 @@ def test_a_client_that_cannot_be_built_is_an_etcd_failure_and_is_tried_again(etc
             raise RpcError("UNAVAILABLE: authentication: connection refused")
         return build()
 
-    store._build_client = refused
+    store.connection._build_client = refused
     with pytest.raises(EtcdUnavailable, match="_read_region failed: RpcError: UNAVAILABLE"):
         store.taken()
     assert store.taken() == set() and len(attempts) == 2
@@ -180,8 +180,8 @@ def test_endpoints_are_parsed_into_host_port_and_tls(etcd):
     urls = ("http://127.0.0.1:2379", "https://etcd-1.example:2380", "HTTP://[::1]:2379/")
     store = etcd.store(etcd=urls, etcd_ca="ca.pem")
     members = [("127.0.0.1", 2379, False), ("etcd-1.example", 2380, True), ("[::1]", 2379, False)]
-    assert store.endpoints == members
-    assert store.prefix == PREFIX and store.region == 1 and store.timeout_s == 1.0
+    assert store.connection.endpoints == members
+    assert store.prefix == PREFIX and store.region == 1 and store.connection.timeout_s == 1.0
     assert store.describe() == {"store": "etcd", "cluster": "unit", "endpoints": list(urls)}
     cluster = etcd.cluster(etcd=urls, etcd_ca="ca.pem")
     assert cluster.endpoints == members and cluster.prefix == PREFIX
@@ -274,5 +274,5 @@ def test_each_client_starts_with_the_members_in_a_random_order(monkeypatch):
     monkeypatch.setattr(library, "Endpoint", Recorded)
     monkeypatch.setattr(library, "MultiEndpointEtcd3Client", Recorded)
     store = EtcdStore(config(etcd=("http://a:1", "http://b:2", "http://c:3")))
-    orders = {tuple(e.args[0] for e in store._build_client().kwargs["endpoints"]) for _ in range(40)}
+    orders = {tuple(e.args[0] for e in store.connection._build_client().kwargs["endpoints"]) for _ in range(40)}
     assert len(orders) > 1

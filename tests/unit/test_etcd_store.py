@@ -18,9 +18,9 @@ from etcdrig import AHEAD_MS, NOW_MS, PREFIX, TTL_S, claim, config
 from fake_etcd import RpcError
 
 from snowfence.errors import ConfigError, EtcdUnavailable, LayoutMismatch, LeaseLost
-from snowfence.etcd.store import EtcdStore
-from snowfence.workers.genesis import Genesis
-from snowfence.workers.lease import Keeper
+from snowfence.store.etcd import EtcdStore
+from snowfence.store.genesis import Genesis
+from snowfence.workers.keeper import Keeper
 
 # -- claims and fencing tokens ------------------------------------------------------------------
 
@@ -518,7 +518,7 @@ def test_an_unreadable_recorded_layout_is_a_clear_error_and_is_left_alone(etcd, 
     with pytest.raises(LayoutMismatch, match="the layout recorded for cluster 'unit' is unreadable"):
         store.check_layout(store.layout)
     assert etcd.value("layout") == recorded
-    assert len(etcd.clients) == 1 and store._failures == 0  # etcd answered: not a failure of etcd
+    assert len(etcd.clients) == 1 and store.connection._failures == 0  # etcd answered: not a failure of etcd
 
 
 def test_taken_counts_claims_of_this_region_only_and_ignores_stray_keys(etcd):

@@ -11,9 +11,9 @@ from test_witnesses import NOW_MS, embedded_store
 
 from snowfence.errors import LayoutMismatch, StoreWentBack
 from snowfence.ids import Layout
-from snowfence.workers.embedded import FileStore
-from snowfence.workers.genesis import Genesis
-from snowfence.workers.journal import Journal
+from snowfence.store.files import FileStore
+from snowfence.store.genesis import Genesis
+from snowfence.store.journal import Journal
 
 
 def mark_path(state, worker_id: int):

@@ -12,7 +12,7 @@ from snowfence.clients.core import Core, ReserveJob, apply_reply
 from snowfence.config import Config, cgroup_cpu_quota, usable_cpus
 from snowfence.errors import Fenced, LeaseLost, Overloaded
 from snowfence.ids import DEFAULT_LAYOUT
-from snowfence.workers.lease import Lease
+from snowfence.store.base import Lease
 
 # -- the keeper watches the minting loop ----------------------------------------------
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from snowfence.config import Config
+from snowfence.store.base import Lease
 from snowfence.workers.core import Clocks, Held
-from snowfence.workers.lease import Lease
 
 
 def test_held_mints_only_above_the_claimed_mark_and_its_keeper_waits_to_be_started():

@@ -18,8 +18,8 @@ from etcdrig import NOW_MS, Etcd
 
 from snowfence.errors import StoreWentBack
 from snowfence.ids import DEFAULT_LAYOUT
-from snowfence.workers.genesis import Genesis
-from snowfence.workers.journal import Journal
+from snowfence.store.genesis import Genesis
+from snowfence.store.journal import Journal
 
 CLUSTER_ID = 0x5EED
 

@@ -10,7 +10,8 @@ from fakeclock import FakeClock
 
 from snowfence.errors import EtcdUnavailable, LeaseLost
 from snowfence.ids import DEFAULT_LAYOUT
-from snowfence.workers.lease import Keeper, Lease
+from snowfence.store.base import Lease
+from snowfence.workers.keeper import Keeper
 from snowfence.workers.minter import NEVER_NS
 
 

@@ -12,7 +12,8 @@ from fakeclock import FakeClock
 
 from snowfence.errors import EtcdUnavailable, LeaseLost
 from snowfence.ids import DEFAULT_LAYOUT
-from snowfence.workers.lease import Keeper, Lease
+from snowfence.store.base import Lease
+from snowfence.workers.keeper import Keeper
 from snowfence.workers.minter import NEVER_NS
 
 INTERVAL_S, RETRY_S, FENCE_S = 2.0, 0.25, 5.0

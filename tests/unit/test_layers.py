@@ -46,9 +46,9 @@ def importers_of(target: str) -> set[str]:
         # The broker holds no client code; CURVE keys are shared through snowfence.curve.
         ("snowfence.broker", "snowfence.clients"),
         # The broker's membership is the cluster's records, not a worker's lease store.
-        ("snowfence.broker", "snowfence.etcd.store"),
-        ("snowfence.etcd.cluster", "snowfence.etcd.store"),
-        ("snowfence.etcd.store", "snowfence.etcd.cluster"),
+        ("snowfence.broker", "snowfence.store.etcd"),
+        ("snowfence.etcd.cluster", "snowfence.store.etcd"),
+        ("snowfence.store.etcd", "snowfence.etcd.cluster"),
         # The routing core has no sockets (the router's are its adapter) and asks
         # nothing of the workers' package (the refusals both answer with are shared).
         ("snowfence.broker.routing", "zmq"),
@@ -71,8 +71,8 @@ def test_of_the_workers_package_the_broker_imports_only_exit_statuses_and_its_ow
     allowed = {
         # What a worker's exit status means (the supervisor halts or restarts on it).
         "snowfence.broker.supervisor": {"snowfence.workers.exits"},
-        # The broker's own worker ID, and the store the settings name for it.
-        "snowfence.broker.main": {"snowfence.workers.inline", "snowfence.workers.main"},
+        # The broker's own worker ID is held as a worker holds one: the worker core and its keeper.
+        "snowfence.broker.own": {"snowfence.workers.core", "snowfence.workers.minter"},
     }
     for module, found in MODULES.items():
         if not module.startswith("snowfence.broker"):
@@ -80,13 +80,62 @@ def test_of_the_workers_package_the_broker_imports_only_exit_statuses_and_its_ow
         used = {f for f in found if f.startswith("snowfence.workers.")}
         modules = {".".join(f.split(".")[:3]) for f in used}
         assert modules <= allowed.get(module, set()), (module, modules)
+    assert "snowfence.workers.main" not in {f for found in MODULES.values() for f in found if f}, (
+        "the worker process module is imported by nothing (it is run as a process)"
+    )
 
 
 def test_the_lease_store_is_the_workers_and_the_cluster_records_the_brokers():
-    store_users = importers_of("snowfence.etcd.store")
-    assert all(m.startswith("snowfence.workers.") or m == "snowfence.cli" for m in store_users), store_users
     cluster_users = importers_of("snowfence.etcd.cluster")
     assert cluster_users == {"snowfence.broker.membership", "snowfence.cli"}, cluster_users
+
+
+#: The layers from the bottom up (docs/ARCHITECTURE.md, "Layers"): a module imports only its
+#: own layer's and the ones below it. The foundation (settings, errors, the ID layout, logs,
+#: the wire) is below all of them.
+LAYERS = [
+    {
+        "snowfence.config",
+        "snowfence.errors",
+        "snowfence.ids",
+        "snowfence.logs",
+        "snowfence.latency",
+        "snowfence.protocol",
+    },
+    {"snowfence.etcd"},  # the transport: the client library, the cluster's keys and records
+    {"snowfence.store"},  # leases, genesis, journal, the two stores, open_store
+    {"snowfence.workers", "snowfence.refusals", "snowfence.clock"},
+]
+
+
+def layer_of(module: str) -> int | None:
+    for i, layer in enumerate(LAYERS):
+        if any(module == m or module.startswith(m + ".") for m in layer):
+            return i
+    return None
+
+
+@pytest.mark.parametrize("layer", range(len(LAYERS)))
+def test_each_layer_imports_nothing_above_it(layer):
+    offenders = []
+    for module, found in MODULES.items():
+        if layer_of(module) != layer:
+            continue
+        for f in found:
+            if not f.startswith("snowfence."):
+                continue
+            theirs = layer_of(f)
+            if theirs is None or theirs > layer:
+                offenders.append((module, f))
+    assert not offenders, offenders
+
+
+def test_stores_are_built_in_one_place():
+    """Every holder opens its store with ``open_store``: the store classes are imported by
+    nothing but it (and the store layer's own modules)."""
+    for store_module in ("snowfence.store.files", "snowfence.store.etcd"):
+        users = {m for m in importers_of(store_module) if not m.startswith("snowfence.store.")}
+        assert users == {"snowfence.store"}, (store_module, users)
 
 
 #: The modules that hold sockets (docs/ARCHITECTURE.md, "Layers"): the rest decide without them.

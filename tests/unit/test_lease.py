@@ -8,7 +8,8 @@ import logging
 import pytest
 
 from snowfence.errors import StateDirError
-from snowfence.workers.lease import Lease, PreferenceFile, Store
+from snowfence.store.base import Lease, Store
+from snowfence.store.preference import PreferenceFile
 
 
 class MapStore(Store):
@@ -202,7 +203,7 @@ def test_a_passed_over_worker_id_is_recorded_logged_once_per_reason_and_forgotte
 def test_node_key_is_a_safe_stable_file_name_per_bind_endpoint():
     import hashlib
 
-    from snowfence.workers.lease import node_key
+    from snowfence.store.preference import node_key
 
     bind = "tcp://127.0.0.1:5555"
     assert node_key(bind) == "tcp-127.0.0.1-5555-" + hashlib.sha256(bind.encode()).hexdigest()[:8]

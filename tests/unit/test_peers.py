@@ -380,3 +380,18 @@ def test_peers_follow_the_membership_and_one_that_left_no_longer_votes(ctx, cloc
     socks = list(pc.sockets)
     pc.close()
     assert all(s.closed for s in socks)
+
+
+def test_a_reply_to_another_peers_request_does_not_use_that_request_up(ctx, clock):
+    b, c = Peer(ctx, 900), Peer(ctx, 0)
+    pc = peer_clocks(ctx, [b, c])
+    sent = clock.wall_ns()
+    pc.tick(clock.mono_ns())
+    (to_b,), (to_c,) = b.requests(), c.requests()
+    b.answer(to_b, sent, request_id=protocol.request_id_of(to_c[1]))
+    clock.advance_ms(2 * ONE_WAY_MS + PEER_MS)
+    deliver(pc)
+    c.answer(to_c, sent)
+    deliver(pc)
+    assert pc.offsets == {c.endpoint: (0, ROUND_TRIP, clock.mono_ns())}
+    pc.close()

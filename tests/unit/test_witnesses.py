@@ -14,9 +14,9 @@ from etcdrig import PREFIX, Etcd
 
 from snowfence.errors import StateDirError, StoreWentBack, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT
-from snowfence.workers.embedded import FileStore
-from snowfence.workers.genesis import Genesis
-from snowfence.workers.journal import Journal
+from snowfence.store.files import FileStore
+from snowfence.store.genesis import Genesis
+from snowfence.store.journal import Journal
 
 NOW_MS = 1_000_000
 
@@ -167,7 +167,7 @@ def test_a_new_embedded_store_mints_nothing_a_logical_clock_may_have_run_ahead_t
 
 def test_a_wait_policy_node_takes_the_logical_clocks_bound_for_a_new_store_too(tmp_path):
     from snowfence.config import Config
-    from snowfence.workers.main import open_store
+    from snowfence.store import open_store
 
     base = {"state_dir": str(tmp_path / "state"), "bind": "tcp://127.0.0.1:5999"}
     config = Config(**base, clock_policy="wait", max_ahead_ms=1500)
@@ -186,7 +186,7 @@ def test_accept_restore_of_a_store_whose_record_is_gone_waits_out_the_run_ahead_
 
 def test_an_embedded_worker_id_of_unknown_state_waits_out_the_longest_window_any_node_may_use(tmp_path):
     from snowfence.config import Config
-    from snowfence.workers.main import open_store
+    from snowfence.store import open_store
 
     config = Config(
         state_dir=str(tmp_path / "state"),

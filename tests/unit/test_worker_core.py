@@ -15,9 +15,10 @@ from snowfence import protocol
 from snowfence.clock import HostClock
 from snowfence.config import Config
 from snowfence.errors import ConfigError, LeaseLost, SnowfenceError, StateDirError
+from snowfence.store.base import Lease, Store
 from snowfence.workers.core import CLAIM_BACKOFF_MIN_S, Clocks, WorkerCore
 from snowfence.workers.exits import Exit
-from snowfence.workers.lease import Keeper, Lease, Store
+from snowfence.workers.keeper import Keeper
 from snowfence.workers.states import FENCED, READY, WAITING
 
 NS = 1_000_000_000

@@ -42,7 +42,7 @@ from .router import Router
 from .supervisor import SIGNALS, Supervisor
 
 if TYPE_CHECKING:
-    from ..workers.inline import InlineMinter
+    from .own import OwnWorkerId
 
 log = logging.getLogger("snowfence.broker")
 
@@ -133,7 +133,7 @@ class Node:
         self._next_membership_ns = 0
         self.notifier: Notifier | None = None
         #: The broker's own worker ID, for small requests (``broker_mint_max_ids``).
-        self.inline: InlineMinter | None = None
+        self.own: OwnWorkerId | None = None
         #: When the loop last gave the timers their turn (monotonic ns).
         self.loop_ns = time.monotonic_ns()
         self.supervisor = Supervisor(config, self._spawn, on_stop=self._on_stop, on_exit=self._on_exit)
@@ -229,7 +229,7 @@ class Node:
             )
             sup.start()
             if self.config.broker_mint_max_ids:
-                self.start_inline()
+                self.start_own()
             if self.membership is not None:
                 self.membership.start()
             # Bound and supervising: alive, whether or not a worker ID can be had yet
@@ -240,8 +240,8 @@ class Node:
             signal.set_wakeup_fd(-1)
             for sig in handled:
                 signal.signal(sig, signal.SIG_DFL)
-            if self.inline is not None:
-                self.inline.stop()
+            if self.own is not None:
+                self.own.stop()
             sup.kill_all(signal.SIGKILL)
             if self.membership is not None:
                 self.membership.stop()
@@ -342,13 +342,13 @@ class Node:
         False once the supervisor says the node has stopped."""
         sup, routing, peers = self.supervisor, self.router.core, self.peers
         self.loop_ns = now_ns
-        if self.inline is not None and self.inline.state_due:
+        if self.own is not None and self.own.state_due:
             # As often as a worker sends its STATE (on a change, every heartbeat), not every
             # turn: describing it and adding it up costs the loop ~0.1-0.2 ms, which a
             # single-ID client whose request arrives meanwhile waits for.
-            state = self.inline.snapshot(now_ns)
+            state = self.own.snapshot(now_ns)
             if state is not None:
-                self.metrics.observe(b"inline", state)
+                self.metrics.observe(b"own", state)
                 self.metrics.own = state
         if not sup.tick(now_ns, routing.heard):
             return False
@@ -373,30 +373,30 @@ class Node:
                     else:
                         event(log, "claims_allowed", "a majority of the cluster vouches for the clock again")
                 routing.clock_verdict = peers.claim_veto  # tells the workers of a change
-                own = self.inline.store if self.inline is not None else None
+                own = self.own.store if self.own is not None else None
                 if own is not None and own.claim_veto != peers.claim_veto:
                     own.claim_veto = peers.claim_veto  # and the broker's own worker ID
         if self.health is not None:  # the snapshot is the HTTP thread's; building one costs ~1 ms
             self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
         return True
 
-    def start_inline(self) -> None:
+    def start_own(self) -> None:
         """The broker's own worker ID: claimed on a thread of its own once every worker
         holds its own; from then on, plain requests of up to ``broker_mint_max_ids``
         IDs are minted on this loop when they can be without waiting."""
-        from ..workers.inline import InlineMinter
-        from ..workers.main import open_store
+        from ..store import open_store
+        from .own import OwnWorkerId
 
-        inline = InlineMinter(
+        own = OwnWorkerId(
             self.config,
             open_store=open_store,
             workers_settled=self.workers_settled,
             loop_ns=lambda: self.loop_ns,
             pid=os.getpid(),
         )
-        if inline.start():
-            self.inline = inline
-            self.router.core.mint_here(inline.mint, self.config.broker_mint_max_ids)
+        if own.start():
+            self.own = own
+            self.router.core.mint_here(own.mint, self.config.broker_mint_max_ids)
 
     def workers_settled(self) -> bool:
         """Every worker process of this node is connected and holds all its worker IDs.
@@ -411,7 +411,7 @@ class Node:
         routing = self.router.core
         worker_ids = sorted(
             {h.worker_id for link in routing.links.values() for h in link.status.held if h.worker_id is not None}
-            | set(self.inline.worker_ids() if self.inline is not None else ())
+            | set(self.own.worker_ids() if self.own is not None else ())
         )
         return {
             **self.entry,
@@ -463,9 +463,9 @@ class Node:
             "mode": "embedded" if config.embedded else "etcd",
             "cluster": None if config.embedded else config.cluster,
             **self.supervisor.describe(),
-            "mints_up_to": config.broker_mint_max_ids if self.inline is not None else 0,
+            "mints_up_to": config.broker_mint_max_ids if self.own is not None else 0,
             "fast_port": self.router.fast.describe() if self.router and self.router.fast else None,
-            "own_worker_id": self.inline.describe() if self.inline is not None else None,
+            "own_worker_id": self.own.describe() if self.own is not None else None,
         }
 
 

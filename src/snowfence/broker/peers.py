@@ -109,8 +109,11 @@ class PeerClocks:
                 reply = protocol.decode_reply(body)
             except Exception:
                 continue
-            sent = self._sent.pop(reply.request_id, None)
-            if sent is None or sent[0] is not sock or reply.times is None:
+            sent = self._sent.get(reply.request_id)
+            if sent is None or sent[0] is not sock:
+                continue  # not this peer's request: the peer it went to may still answer it
+            del self._sent[reply.request_id]
+            if reply.times is None:
                 continue
             _, t1, t1_mono = sent
             t2, t3 = reply.times

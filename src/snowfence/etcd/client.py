@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import random
+from collections.abc import Callable
 
 from ..config import Config, etcd_endpoint
 from ..errors import ConfigError, EtcdUnavailable, SnowfenceError
@@ -88,9 +89,11 @@ def _describe(exc: Exception) -> str:
 class Connection:
     """The etcd cluster ``config`` names, as one process talks to it, under its key prefix."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, build_client: Callable[[], object] | None = None) -> None:
         require_client()
         self.config = config
+        if build_client is not None:  # the simulator's and the tests' etcd
+            self._build_client = build_client
         #: Every key of the cluster is under it (see :mod:`.keys`).
         self.prefix = keys.prefix(config.cluster)
         self.timeout_s = config.etcd_timeout_s

@@ -48,8 +48,10 @@ from ..errors import (
 )
 from ..logs import event
 from ..refusals import refusal_for
+from ..store.base import Lease, Store
+from ..store.preference import PreferenceFile, embedded_namespace, node_key
 from .exits import Exit
-from .lease import Keeper, Lease, PreferenceFile, Store, embedded_namespace, node_key
+from .keeper import Keeper
 from .minter import Minter
 from .states import CLOCK_UNSAFE, FENCED, READY, RESERVING, WAITING, State, next_state, process_state
 from .states import state_after_refusal as _state_after_refusal

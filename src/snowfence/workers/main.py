@@ -36,9 +36,9 @@ from ..config import Config
 from ..errors import ConfigError
 from ..logs import event
 from ..logs import setup as setup_logs
+from ..store import open_store
 from .core import WorkerCore, boot_failed, preference_files
 from .exits import Exit
-from .lease import Store
 
 log = logging.getLogger("snowfence.worker")
 
@@ -51,34 +51,6 @@ FAULT_HOOKS_ENV = "SNOWFENCE_FAULT_HOOKS"
 # snowfence.broker.router for the measured difference).
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
-
-
-def open_store(config: Config) -> Store:
-    """The lease store the configuration names, with this node's journal of it."""
-    from .journal import Journal
-
-    window_ms = config.store_window_ms
-    if config.embedded:
-        from .embedded import FileStore
-
-        return FileStore(
-            config.state_dir,
-            config.layout,
-            config.region,
-            allow_unsafe_filesystem=config.allow_unsafe_filesystem,
-            window_ms=window_ms,
-            max_ahead_ms=config.max_ahead_ms,
-            journal=Journal(config.journal_path, "embedded"),
-        )
-    from ..etcd.store import EtcdStore
-
-    journal = Journal(config.journal_path, journal_name(config), marks_store_wide=True)
-    return EtcdStore(config, journal=journal)
-
-
-def journal_name(config: Config) -> str:
-    """The journal file of an etcd cluster, in the node's state directory."""
-    return f"etcd-{config.cluster}"
 
 
 class Worker:

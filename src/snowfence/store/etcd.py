@@ -44,13 +44,13 @@ from ..errors import (
     StoreWentBack,
     WorkerIdUnusable,
 )
+from ..etcd import keys, regions
+from ..etcd.client import Connection, etcd_call
 from ..ids import Layout
 from ..logs import event
-from ..workers.genesis import Genesis
-from ..workers.journal import Journal, Known
-from ..workers.lease import Lease, Store, exclusivity_lost
-from . import keys, regions
-from .client import Connection, etcd_call
+from .base import Lease, Store, exclusivity_lost
+from .genesis import Genesis
+from .journal import Journal, Known
 
 log = logging.getLogger("snowfence.etcd")
 
@@ -86,9 +86,9 @@ class EtcdLease(Lease):
         self._ttl_at_ns = store.mono_ns()
 
     @property
-    def connection(self) -> EtcdStore:
-        """Whose client the lease's calls use (and whose failures they count)."""
-        return self._store
+    def connection(self) -> Connection:
+        """Whose client the lease's calls use (and whose failures they count): its store's."""
+        return self._store.connection
 
     def _guard(self) -> list:
         tx = self._store.client.transactions
@@ -220,8 +220,8 @@ class EtcdLease(Lease):
         return {**super().describe(), "store": "etcd", "lease_id": f"{self.lease_id:x}", "lease_ttl_s": self.ttl_s}
 
 
-class EtcdStore(Connection, Store):
-    """Leases on the worker IDs of one region of one cluster."""
+class EtcdStore(Store):
+    """Leases on the worker IDs of one region of one cluster, through its :class:`Connection`."""
 
     skips_far_marks = True
 
@@ -231,8 +231,13 @@ class EtcdStore(Connection, Store):
         mono_ns: Callable[[], int] = time.monotonic_ns,
         journal: Journal | None = None,
         wall_ns: Callable[[], int] = time.time_ns,
+        build_client: Callable[[], object] | None = None,
     ) -> None:
-        super().__init__(config)
+        #: The etcd cluster, as this process talks to it (every call goes through ``etcd_call``).
+        self.connection = Connection(config, build_client)
+        self.config = config
+        #: Every key of the cluster is under it (see :mod:`snowfence.etcd.keys`).
+        self.prefix = self.connection.prefix
         #: The wall clock a genesis is stamped with and a quarantine counted from (the minter's).
         self._wall_ns = wall_ns
         #: The node's witness of this store (workers pass theirs; accept-restore reads without one).
@@ -255,6 +260,14 @@ class EtcdStore(Connection, Store):
         self.layout = config.layout
         self.region = self.layout.check_region(config.region)
         self._claim_lease: tuple[int, int] | None = None
+
+    @property
+    def client(self):
+        """The etcd client library's client (built on first use, rebuilt after failures)."""
+        return self.connection.client
+
+    def close(self) -> None:
+        self.connection.close()
 
     # -- keys ----------------------------------------------------------------------------
 

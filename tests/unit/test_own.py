@@ -1,4 +1,4 @@
-"""The broker's own worker ID (workers/inline.py) on a real embedded store in a temporary
+"""The broker's own worker ID (broker/own.py) on a real embedded store in a temporary
 state directory: when it claims, what it mints, when it declines, and its release."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from snowfence.broker.own import CLAIM, GIVE_BACK, KEEP, WAIT, OwnWorkerId, spare_rule
 from snowfence.config import Config
-from snowfence.workers import inline as inline_mod
-from snowfence.workers.inline import CLAIM, GIVE_BACK, KEEP, WAIT, InlineMinter, spare_rule
-from snowfence.workers.main import open_store
+from snowfence.store import open_store
+from snowfence.broker import own as own_mod
 
 
 def until(predicate, timeout_s: float = 10.0) -> bool:
@@ -27,14 +27,14 @@ def until(predicate, timeout_s: float = 10.0) -> bool:
 def inline(tmp_path):
     made = []
 
-    def make(settled: bool = True, **settings) -> tuple[InlineMinter, threading.Event]:
+    def make(settled: bool = True, **settings) -> tuple[OwnWorkerId, threading.Event]:
         config = Config(
             state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", broker_mint_max_ids=64, **settings
         )
         settle = threading.Event()
         if settled:
             settle.set()
-        im = InlineMinter(
+        im = OwnWorkerId(
             config,
             open_store=open_store,
             workers_settled=settle.is_set,
@@ -50,7 +50,7 @@ def inline(tmp_path):
         im.stop()
 
 
-def ready(im: InlineMinter) -> bool:
+def ready(im: OwnWorkerId) -> bool:
     return bool(im.core.ready)
 
 
@@ -110,7 +110,7 @@ def test_a_store_it_cannot_open_leaves_it_off(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     config = Config(state_dir=str(blocker / "state"), bind="tcp://127.0.0.1:5999")
-    im = InlineMinter(config, open_store=open_store, workers_settled=lambda: True, loop_ns=time.monotonic_ns, pid=1)
+    im = OwnWorkerId(config, open_store=open_store, workers_settled=lambda: True, loop_ns=time.monotonic_ns, pid=1)
     assert not im.start()
     assert im.describe() is None
     im.stop()
@@ -200,7 +200,7 @@ def test_a_witness_socket_that_cannot_be_opened_is_a_state_dir_error_and_changes
 
 @pytest.fixture
 def quick_counts(monkeypatch):
-    monkeypatch.setattr(inline_mod, "SPARE_CHECK_S", 0.05)
+    monkeypatch.setattr(own_mod, "SPARE_CHECK_S", 0.05)
 
 
 def test_it_claims_only_while_another_worker_id_stays_free_and_gives_its_own_back_when_none_does(

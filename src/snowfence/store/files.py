@@ -81,10 +81,11 @@ from ..errors import (
 )
 from ..ids import Layout
 from ..logs import event
+from .base import Lease, Store, exclusivity_lost
 from .durable import _fsync_dir, _tmp_name, _write_synced, write_atomic
 from .genesis import Genesis
 from .journal import Journal
-from .lease import Lease, PreferenceFile, Store, embedded_namespace, exclusivity_lost
+from .preference import PreferenceFile, embedded_namespace
 
 log = logging.getLogger("snowfence.embedded")
 

@@ -26,7 +26,7 @@ its mark to the last millisecond used, so the next owner waits for nothing) as
 soon as none is left, so that a worker anywhere in the region (one restarted
 while its old lease lingers, one of a node that joined) finds one within
 ``SPARE_CHECK_S`` or so. It counts the region's unheld worker IDs
-(:meth:`~snowfence.workers.lease.Store.unheld`) every ``SPARE_CHECK_S``,
+(:meth:`~snowfence.store.base.Store.unheld`) every ``SPARE_CHECK_S``,
 jittered so that the brokers of a cluster do not count in step, off the lock the
 loop mints under. A region sized for the workers alone leaves it without one:
 every request then goes to a worker, as with ``broker_mint_max_ids`` 0.
@@ -48,8 +48,8 @@ from ..config import Config
 from ..errors import ConfigError, Refused, SnowfenceError
 from ..logs import event
 from ..protocol import WorkerState
-from .core import WorkerCore, broker_preference_file
-from .minter import Minter, WouldWait
+from ..workers.core import WorkerCore, broker_preference_file
+from ..workers.minter import Minter, WouldWait
 
 log = logging.getLogger("snowfence.broker")
 
@@ -84,7 +84,7 @@ def _no_wait_minter(*args, **kwargs) -> Minter:
     return Minter(*args, may_wait=False, **kwargs)
 
 
-class InlineMinter:
+class OwnWorkerId:
     """The broker's own worker ID (see the module's docstring).
 
     ``mint(n)`` is for the broker's loop; ``start()``, ``stop()`` and
