@@ -55,26 +55,28 @@ def test_a_stream_refuses_an_empty_or_oversized_frame():
 
 
 class Core:
-    """What FastPort calls on the routing core: records, and answers plain RESERVEs at once."""
+    """What FastPort calls on the routing core: records, answers plain RESERVEs at once
+    and any other request with an error. The real core behind a fast port:
+    test_a_fast_ports_requests_go_through_the_routing_cores_intake."""
 
     def __init__(self):
-        self.counters = {"requests": 0}
         self.port: FastPort | None = None
         self.admitted: list[tuple[bytes, int, int]] = []
         self.others: list[bytes] = []
         self.bad: list[BadRequest] = []
         self.answer = True
 
-    def admit(self, meta, addr, body, count, request_id=None):
+    def request(self, meta, addr, body):
         assert meta == 0 and is_fast_addr(addr)
+        plain = protocol.plain_reserve(body)
+        if plain is None:
+            self.others.append(body)
+            self.port.send(addr, protocol.encode_error(protocol.request_id_of(body), BadRequest("scripted")))
+            return
+        request_id, count = plain
         self.admitted.append((addr, count, request_id))
         if self.answer:
             self.port.send(addr, protocol.encode_block(request_id, 1000, count))
-        return True
-
-    def other(self, meta, addr, body):
-        self.others.append(body)
-        self.port.send(addr, protocol.encode_error(protocol.request_id_of(body), BadRequest("scripted")))
 
     def bad_request(self, meta, addr, err):
         self.bad.append(err)
@@ -84,16 +86,7 @@ class Core:
 def core_and_port(**kw) -> tuple[Core, FastPort]:
     """A FastPort on a loopback port the kernel picks, wired to a scripted core."""
     core = Core()
-    core.port = FastPort(
-        "127.0.0.1",
-        0,
-        admit=core.admit,
-        other=core.other,
-        bad_request=core.bad_request,
-        counters=core.counters,
-        waited_zero=lambda n: None,
-        **kw,
-    )
+    core.port = FastPort("127.0.0.1", 0, request=core.request, bad_request=core.bad_request, **kw)
     return core, core.port
 
 
@@ -164,8 +157,49 @@ def test_requests_on_the_fast_port_reach_the_core_and_replies_come_back_framed(s
     ]
     assert replies[3].type == protocol.ERROR and replies[3].request_id == 10
     assert [c for _, c, _ in core.admitted] == [3, 3, 3] and len(core.others) == 1
-    assert core.counters["requests"] == 4 and port.stats["requests"] == 4
+    assert port.stats["requests"] == 4
     assert port.describe()["connections"] == 1
+
+
+def test_a_fast_ports_requests_go_through_the_routing_cores_intake():
+    from snowfence.broker.routing import Routing
+
+    to_worker: list[bytes] = []
+    ports: list[FastPort] = []
+    core = Routing(
+        Config(),
+        lambda meta, addr, reply: ports[0].send(addr, reply),
+        lambda ident, frame: to_worker.append(frame) or True,
+    )
+    core.on_worker(
+        b"w0", protocol.encode_state(protocol.WorkerState(slot=0, pid=1000, ready=True, ready_ids=1, credits=32))
+    )
+    port = FastPort("127.0.0.1", 0, request=core.request, bad_request=core.bad_request)
+    ports.append(port)
+    sock = None
+    try:
+        sock = socket.create_connection(("127.0.0.1", port.port), timeout=5)
+        turn(port)
+        sock.sendall(b"".join(protocol.encode_stream(protocol.encode_reserve(rid, 3)) for rid in (7, 8)))
+        sock.sendall(protocol.encode_stream(protocol.encode_status(9)))
+        turn(port)
+        # Counted, the plain RESERVEs sent to the worker at once (waited 0 s), STATUS answered.
+        assert core.counters["requests"] == 3 and core.queued_ns[0].counts[0] == 2
+        work = [protocol.split_routed(f) for f in to_worker if f[0] == protocol.WORK]
+        assert [protocol.plain_reserve(body) for _, _, body in work] == [(7, 3), (8, 3)]
+        assert all(meta == 0 and is_fast_addr(addr) for meta, addr, _ in work)
+        (status,) = read_bodies(sock, 1)
+        assert protocol.decode_reply(status).request_id == 9
+        for meta, addr, body in work:
+            rid, count = protocol.plain_reserve(body)
+            core.on_worker(b"w0", protocol.encode_reply(meta, addr, protocol.encode_block(rid, rid << 30, count)))
+        replies = [protocol.decode_reply(b) for b in read_bodies(sock, 2)]
+        assert [(r.request_id, r.first, r.count) for r in replies] == [(7, 7 << 30, 3), (8, 8 << 30, 3)]
+        assert core.active_connections() == 0
+    finally:
+        if sock is not None:
+            sock.close()
+        port.close()
 
 
 def test_each_connection_has_its_own_address_no_zeromq_peer_can_have():
@@ -318,15 +352,7 @@ def test_a_port_that_cannot_be_bound_is_a_config_error():
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         with pytest.raises(ConfigError, match="cannot bind the fast port"):
-            FastPort(
-                "127.0.0.1",
-                taken.getsockname()[1],
-                admit=None,
-                other=None,
-                bad_request=None,
-                counters={},
-                waited_zero=None,
-            )
+            FastPort("127.0.0.1", taken.getsockname()[1], request=None, bad_request=None)
 
 
 # -- the client's choice -------------------------------------------------------------------------

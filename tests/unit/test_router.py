@@ -12,6 +12,7 @@ import zmq
 
 from snowfence import protocol
 from snowfence.broker.router import Router
+from snowfence.broker.routing import Routing
 from snowfence.config import Config
 
 _names = itertools.count()
@@ -85,6 +86,75 @@ def test_frames_in_and_out_and_a_multi_frame_request_is_refused_with_bad_request
         assert router.to_worker(b"w0", protocol.PING_FRAME) is True
         assert recv_all(worker) == [[protocol.PING_FRAME]]
     finally:
+        for s in socks:
+            s.close(0)
+        router.close()
+        ctx.term()
+
+
+def test_the_frontend_and_the_fast_port_hand_every_request_to_the_cores_one_intake(monkeypatch):
+    import socket as pysocket
+
+    intake = Routing.request
+    seen: list[tuple[int, bytes, bytes]] = []
+
+    def spy(core, meta, addr, body):
+        seen.append((meta, addr, body))
+        intake(core, meta, addr, body)
+
+    monkeypatch.setattr(Routing, "request", spy)
+    ctx = zmq.Context()
+    n = next(_names)
+    router = Router(ctx, Config(bind="tcp://127.0.0.1:*", fast_bind="auto"), f"inproc://back-{n}")
+    fast = router.fast
+    assert fast is not None
+    socks: list[zmq.Socket] = []
+
+    def dealer(endpoint: str, identity: bytes | None = None) -> zmq.Socket:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        if identity:
+            s.setsockopt(zmq.ROUTING_ID, identity)
+        s.connect(endpoint)
+        socks.append(s)
+        return s
+
+    def pump() -> None:
+        for _ in range(10):
+            router.on_frontend()
+            router.on_backend()
+            readable, _, _ = select.select([fast.listen_fd, *fast.by_fd], [], [], 0.01)
+            for fd in readable:
+                fast.on_readable(fd)
+
+    plain = None
+    try:
+        worker = dealer(f"inproc://back-{n}", identity=b"w0")
+        worker.send(protocol.encode_state(protocol.WorkerState(slot=0, pid=1000, ready=True, ready_ids=1, credits=32)))
+        pump()
+        zclient = dealer(router.endpoint())
+        zclient.send(protocol.encode_reserve(1, 5))
+        zclient.send(protocol.encode_status(2))
+        plain = pysocket.create_connection(("127.0.0.1", fast.port), timeout=5)
+        pump()
+        plain.sendall(b"".join(protocol.encode_stream(protocol.encode_reserve(rid, 7)) for rid in (3, 4)))
+        # A ZeroMQ peer posing as the fast connection: refused by the frontend, never the core's.
+        dealer(router.endpoint(), identity=next(iter(fast.by_addr))).send(protocol.encode_reserve(5, 1))
+        pump()
+
+        assert sorted(protocol.request_id_of(body) for _, _, body in seen) == [1, 2, 3, 4]
+        fast_addrs = {addr for _, addr, body in seen if protocol.request_id_of(body) > 2}
+        assert len(fast_addrs) == 1 and fast_addrs <= set(fast.by_addr)
+        counters = router.core.counters
+        assert counters["requests"] == 4 and counters["bad_request"] == 1
+        work = [protocol.split_routed(frame) for [frame] in recv_all(worker)[1:]]  # after the clock's verdict
+        assert sorted(protocol.plain_reserve(body) for _, _, body in work) == [(1, 5), (3, 7), (4, 7)]
+        assert router.core.queued_ns[0].counts[0] == 3  # each sent to the worker at once: waited 0 s
+        [[status]] = recv_all(zclient)
+        assert protocol.decode_reply(status).request_id == 2
+    finally:
+        if plain is not None:
+            plain.close()
         for s in socks:
             s.close(0)
         router.close()

@@ -40,7 +40,6 @@ ACCEPT_BATCH = 64
 
 _ADDR_PREFIX = b"\x00"
 ADDR_SIZE = 9
-_plain_reserve = protocol.plain_reserve
 _stream = protocol.encode_stream
 
 
@@ -53,7 +52,10 @@ def _no_unwatch(fd: int) -> None:
 
 
 def is_fast_addr(addr: bytes) -> bool:
-    """Whether a routing address is a fast connection's (the router drops ZeroMQ peers that claim one)."""
+    """Whether a routing address is a fast connection's (the router drops ZeroMQ peers that claim one).
+
+    The one test of the address's shape: the router sends a reply for such an address here,
+    and refuses a ZeroMQ peer that set itself one."""
     return len(addr) == ADDR_SIZE and addr[0] == 0
 
 
@@ -73,21 +75,18 @@ class FastPort:
     """The listening socket and its connections; the broker's loop polls ``listen_fd``
     and each connection's descriptor (``by_fd``) and hands their events here.
 
-    ``admit`` and ``other`` are the routing core's (:meth:`Routing.admit`,
-    :meth:`Routing.slow_request`); ``counters`` its counters, which count the fast
-    port's requests with the rest. ``watch(fd, writable)`` and ``unwatch(fd)``
-    register descriptors with the loop's epoll set."""
+    ``request`` and ``bad_request`` are the routing core's (:meth:`Routing.request`,
+    its intake of every client request, which counts the fast port's with the rest;
+    :meth:`Routing.bad_request`, for a frame that is not a request). ``watch(fd,
+    writable)`` and ``unwatch(fd)`` register descriptors with the loop's epoll set."""
 
     def __init__(
         self,
         host: str,
         port: int,
         *,
-        admit: Callable[..., bool],
-        other: Callable[[int, bytes, bytes], None],
+        request: Callable[[int, bytes, bytes], None],
         bad_request: Callable[[int, bytes, BadRequest], None],
-        counters: dict,
-        waited_zero: Callable[[int], None],
         watch: Callable[[int, bool], None] | None = None,
         unwatch: Callable[[int], None] | None = None,
     ) -> None:
@@ -104,11 +103,8 @@ class FastPort:
         self.listen_fd = self.listener.fileno()
         self.port = self.listener.getsockname()[1]
         self.host = host
-        self._admit = admit
-        self._other = other
+        self._request = request
         self._bad_request = bad_request
-        self._counters = counters
-        self._waited_zero = waited_zero
         self.watch = watch or _no_watch
         self.unwatch = unwatch or _no_unwatch
         self.by_fd: dict[int, _Conn] = {}
@@ -153,18 +149,10 @@ class FastPort:
             self._bad_request(0, conn.addr, err)
             self._close(conn, flush=True)
             return
-        addr, admit, counters = conn.addr, self._admit, self._counters
+        addr, request = conn.addr, self._request
         self.stats["requests"] += len(bodies)
-        at_once = 0
         for body in bodies:
-            counters["requests"] += 1
-            plain = _plain_reserve(body)
-            if plain is None:
-                self._other(0, addr, body)
-            elif admit(0, addr, body, plain[1], plain[0]):
-                at_once += 1
-        if at_once:
-            self._waited_zero(at_once)
+            request(0, addr, body)
 
     def on_writable(self, fd: int) -> None:
         conn = self.by_fd.get(fd)

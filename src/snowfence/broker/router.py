@@ -19,8 +19,7 @@ from .. import protocol
 from ..config import Config
 from ..errors import BadRequest, ConfigError
 from .auth import CurveServer
-from .fast import ADDR_SIZE as _FAST_ADDR_SIZE
-from .fast import FastPort, fast_address
+from .fast import FastPort, fast_address, is_fast_addr
 from .metrics import Metrics
 from .routing import Routing
 
@@ -43,7 +42,6 @@ _SNDMORE = int(zmq.SNDMORE)
 _SNDMORE_NOBLOCK = _SNDMORE | _NOBLOCK
 #: What a send to a worker whose socket is gone fails with (ROUTER_MANDATORY).
 _GONE = (zmq.EHOSTUNREACH, zmq.EAGAIN)
-_plain_reserve = protocol.plain_reserve
 
 
 def _no_fast_port(addr: bytes, reply: bytes) -> None:
@@ -91,16 +89,8 @@ class Router:
         )
         where = fast_address(config.fast_bind, self.endpoint(), bool(config.curve_secret_key))
         if where is not None:
-            core = self.core
             try:
-                self.fast = FastPort(
-                    *where,
-                    admit=core.admit,
-                    other=core.slow_request,
-                    bad_request=core.bad_request,
-                    counters=core.counters,
-                    waited_zero=self._waited_zero,
-                )
+                self.fast = FastPort(*where, request=self.core.request, bad_request=self.core.bad_request)
             except BaseException:
                 self.close()
                 raise
@@ -134,14 +124,11 @@ class Router:
     # -- clients ----------------------------------------------------------------------
 
     def on_frontend(self) -> None:
-        """Up to ``BATCH`` client messages, each one request: to the core."""
+        """Up to ``BATCH`` client messages, each one request: to the core's intake
+        (:meth:`Routing.request`)."""
         front = self.frontend
         core = self.core
-        counters = core.counters
-        admit = core.admit
-        # Routing.request, inline: plain RESERVEs sent to a worker at once waited
-        # 0 s, counted after the batch.
-        at_once = 0
+        request = core.request
         for _ in range(BATCH):
             try:
                 addr = _recv(front, _NOBLOCK)
@@ -162,25 +149,16 @@ class Router:
                     meta, addr, BadRequest("a request is one body frame, optionally after one empty delimiter")
                 )
                 continue
-            counters["requests"] += 1
-            if len(addr) == _FAST_ADDR_SIZE and addr[0] == 0:
+            if is_fast_addr(addr):
                 # A ZeroMQ peer that set itself a fast connection's routing id: its replies
-                # would go to that connection. Not answered (an answer would go there too).
-                counters["bad_request"] += 1
+                # would go to that connection. Not answered (an answer would go there too),
+                # and counted as a bad request, not as a request.
+                core.counters["bad_request"] += 1
                 continue
-            plain = _plain_reserve(body)
-            if plain is None:
-                core.slow_request(meta, addr, body)
-            elif admit(meta, addr, body, plain[1], plain[0]):
-                at_once += 1
-        if at_once:
-            core.queued_ns[0].counts[0] += at_once
-
-    def _waited_zero(self, n: int) -> None:
-        self.core.queued_ns[0].counts[0] += n
+            request(meta, addr, body)
 
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
-        if len(addr) == _FAST_ADDR_SIZE and addr[0] == 0:  # fast.is_fast_addr, inline
+        if is_fast_addr(addr):
             self._fast_send(addr, reply)
             return
         front = self.frontend

@@ -21,8 +21,9 @@ Workers report their state (the STATE frame) every heartbeat and on change; a
 worker not ready, or silent for ``heartbeat_timeout_s``, is out of rotation.
 All timing here is monotonic.
 
-The sockets are :class:`snowfence.broker.router.Router`'s; so is the framing of
-a client's message. Whoever drives a :class:`Routing` (that adapter, a test, a
+The sockets are :class:`snowfence.broker.router.Router`'s and the fast port's
+(:class:`snowfence.broker.fast.FastPort`); so is the framing of a client's
+message. Whoever drives a :class:`Routing` (that adapter, a test, a
 simulator) gives it two send functions and a clock::
 
     to_client(meta, addr, reply) -> None    one reply to a client connection
@@ -34,10 +35,12 @@ and feeds it what arrives, each call returning once its output has gone out:
 
 ``request(meta, addr, body)``
     one client request (``meta``: :data:`~snowfence.protocol.META_DELIMITED` if
-    it came after an empty delimiter). The adapter does the same inline for its
-    batches: :meth:`admit` for a plain RESERVE, :meth:`slow_request` for the rest.
+    it came after an empty delimiter): the one intake of every adapter (the
+    ZeroMQ frontend, the fast port, the simulator). It counts the request, sends
+    a plain RESERVE to :meth:`admit` and the rest to :meth:`slow_request`.
 ``bad_request(meta, addr, err)``
-    a client message that is not one request (the adapter's framing).
+    a client message that is not one request (the adapter's framing); not
+    counted among the requests.
 ``on_worker(ident, frame)``
     one frame from a worker: REPLY, REFUSED or STATE (``protocol.encode_*``
     build them); then :meth:`schedule` once per batch of them.
@@ -238,20 +241,23 @@ class Routing:
         #: How long requests waited here for a worker with room, by kind (index: has a
         #: causal token), one observation each time one is sent to a worker.
         self.queued_ns = latency.by_kind()
+        #: The bucket counts of plain requests' waits, whose first is 0 s (the intake's).
+        self._waited_zero = self.queued_ns[0].counts
 
     # -- clients ----------------------------------------------------------------------
 
     def request(self, meta: int, addr: bytes, body: bytes) -> None:
-        """One client request, as the adapter framed it.
+        """One client request, as the adapter framed it: the intake every adapter calls.
 
-        The adapter's loop does the same inline, counting the requests sent at
-        once after each batch rather than one by one."""
+        A plain RESERVE goes to :meth:`admit`, and one minted here or sent to a
+        worker at once is counted as having waited 0 s; any other request goes to
+        :meth:`slow_request`."""
         self.counters["requests"] += 1
         plain = _plain_reserve(body)
         if plain is None:
             self.slow_request(meta, addr, body)
         elif self.admit(meta, addr, body, plain[1], plain[0]):
-            self.queued_ns[0].counts[0] += 1
+            self._waited_zero[0] += 1
 
     def bad_request(self, meta: int, addr: bytes, err: BadRequest) -> None:
         self.counters["bad_request"] += 1
