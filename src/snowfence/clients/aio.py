@@ -182,7 +182,7 @@ class AsyncClient(ClientBase):
 
     def _fast_lost(self, proto: _FastProtocol) -> None:
         """A fast connection closed (the broker closed it, or it was reset): its requests
-        are asked again on ZeroMQ, which the client uses for ``FAST_RETRY_S``."""
+        are asked again on ZeroMQ, which the client uses for a while (see :meth:`FastPath.failed`)."""
         proto.release()
         if self._fast is proto:
             self._fast = None

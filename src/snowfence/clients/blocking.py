@@ -319,8 +319,10 @@ class Client(ClientBase):
         opened if need be; None for ZeroMQ (see :meth:`ClientBase._fast_choice`)."""
         now_ns = time.monotonic_ns()
         choice = self._fast_choice(self._fast, n, chunk, now_ns)
-        if choice is None or choice is KEEP:
-            return None if choice is None else self._fast
+        if choice is None:
+            return None
+        if choice is KEEP:
+            return self._fast
         self._close_fast()
         try:
             self._fast = FastConnection(*choice, self._fast_connect_timeout_s(), self.timeout_s)
