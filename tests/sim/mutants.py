@@ -15,8 +15,6 @@ import inspect
 import textwrap
 from dataclasses import dataclass, field
 
-import sim
-
 from snowfence.store import files as embedded
 
 
@@ -188,7 +186,7 @@ MUTANTS = [
         "the keeper does not fence the minter when the store says the lease is lost",
         (
             Edit(
-                M + "keeper:Keeper.run",
+                M + "keeper:Keeper.step",
                 "                self.lost = exc\n                self.minter.fence_deadline_ns = -1\n",
                 "                self.lost = exc\n",
             ),
@@ -383,6 +381,15 @@ MUTANTS = [
 
 BY_NAME = {m.name: m for m in MUTANTS}
 
+#: Source texts of functions a mutant replaced (inspect cannot read exec'd code), so that
+#: two edits of one function stack.
+SOURCES: dict[object, str] = {}
+
+
+def source_of(fn) -> str:
+    """The source text of ``fn`` as indented in its file (or as a mutant left it)."""
+    return SOURCES.get(fn) or inspect.getsource(fn)
+
 
 def _resolve(target: str):
     module_name, _, path = target.partition(":")
@@ -400,7 +407,7 @@ def apply(mutant: Mutant) -> None:
     for edit in mutant.edits:
         module, holder, name = _resolve(edit.target)
         fn = inspect.getattr_static(holder, name)
-        src = sim.source_of(fn)
+        src = source_of(fn)
         n = src.count(edit.old)
         if n == 0 or (edit.count and n != edit.count):
             raise StaleMutant(
@@ -423,6 +430,5 @@ def apply(mutant: Mutant) -> None:
             new_fn = module.etcd_call(new_fn)
         replacements.append((holder, name, new_fn, new_src))
     for holder, name, new_fn, new_src in replacements:
-        sim.SOURCES[new_fn] = new_src
+        SOURCES[new_fn] = new_src
         setattr(holder, name, new_fn)
-    sim.reload()

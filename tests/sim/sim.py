@@ -5,10 +5,10 @@ faults at moments chosen from the schedule's seed. What runs is the real code:
 
 * the real :class:`~snowfence.workers.minter.Minter` of every held worker ID;
 * the real state decision, :func:`~snowfence.workers.states.next_state`;
-* the real :class:`~snowfence.workers.keeper.Keeper`: its ``run`` loop is turned
-  into a generator by following each ``self._sleep(x)`` with ``yield x`` (so its
-  retry, back-off, stall and lease-lost decisions are the real ones), and the
-  simulator resumes it when the sleep is over or when ``wake()`` is called;
+* the real :class:`~snowfence.workers.keeper.Keeper`: its ``step`` (one turn of
+  the loop its thread runs: the stall check, a renewal, retry, back-off and
+  lease-lost decisions, and the wait it asks for) is called by the simulator when
+  that wait is over or when ``wake()`` is called;
 * the real stores: :class:`~snowfence.store.etcd.EtcdStore` and ``EtcdLease``
   talking to a simulated etcd through a fake of the small client surface they use
   (``transaction`` with compares on ``create_revision``, lease grant, keep-alive,
@@ -48,15 +48,12 @@ import bisect
 import collections
 import functools
 import heapq
-import inspect
 import logging
 import os
 import random
-import re
 import shutil
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -109,31 +106,6 @@ class Died(BaseException):
     A BaseException, so that no ``except Exception`` of the real code catches it:
     a killed process runs no more of its code.
     """
-
-
-# -- the keeper's loop, as a generator ---------------------------------------------------
-
-#: Source texts of functions replaced by a mutant (inspect cannot read exec'd code).
-SOURCES: dict[object, str] = {}
-
-
-def source_of(fn) -> str:
-    """The source text of ``fn`` as indented in its file (or as a mutant left it)."""
-    return SOURCES.get(fn) or inspect.getsource(fn)
-
-
-def keeper_steps_function():
-    """``Keeper.run`` with its sleeps as yields: the real loop, driven by the simulator."""
-    src = source_of(lease_mod.Keeper.run)
-    # The real _sleep still runs (its bookkeeping of how long the keeper means to be
-    # away); its wait returns at once (SimWake.wait), and the yield is the wait.
-    src, n = re.subn(r"self\._sleep\(([^()]*(?:\([^()]*\))?[^()]*)\)", r"(self._sleep(\1), (yield \1))", src)
-    if n == 0 or "def run(self)" not in src:
-        raise RuntimeError("Keeper.run no longer sleeps through self._sleep(...): update tests/sim/sim.py")
-    src = textwrap.dedent(src.replace("def run(self)", "def sim_run(self)", 1))
-    namespace: dict = {}
-    exec(compile(src, lease_mod.__file__, "exec", dont_inherit=True), lease_mod.__dict__, namespace)
-    return namespace["sim_run"]
 
 
 # -- time ------------------------------------------------------------------------------
@@ -200,12 +172,13 @@ class SimKeeper(lease_mod.Keeper):
         self.world = world
         self.proc = proc
         self.thread = Thread(proc, f"keeper-{lease.worker_id}")
-        self.gen = None
         self.sleep_id = 0
         #: Embedded: its lock file was removed underneath; checked: a keeper renewal succeeded since.
         self.doomed = False
         self.doomed_checked = False
         self.stopped = False
+        #: The keeper's step said it is done (its worker ID lost or given up).
+        self.done = False
         #: The request that last asked this worker ID to mint.
         self.asked_in = 0
         world.counts["claims"] += 1
@@ -214,7 +187,6 @@ class SimKeeper(lease_mod.Keeper):
 
     def start(self) -> None:
         w = self.world
-        self.gen = w.keeper_run(self)
         w.at(w.T, self.thread, w.keeper_step, self.proc, self, 0)
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -256,7 +228,7 @@ class SimWake:
 
     def set(self) -> None:
         k = self.keeper
-        if k.gen is not None and not k.stopped:
+        if not k.stopped and not k.done:
             self.world.wake_keeper(k)
 
     def clear(self) -> None:
@@ -303,7 +275,8 @@ class Proc:
         #: Frames its broker sent that the loop has not taken yet, oldest first.
         self.inbox: collections.deque[bytes] = collections.deque()
         #: When a tick is due for the core's next claim (true time), if one is scheduled.
-        self.claim_wake: int | None = None
+        #: Which wait of the loop is current (a turn begins a new one; an older one's end is void).
+        self.wait_id = 0
         #: The request the process is answering (its loop is busy until it has), and its causal token.
         self.request_id = 0
         self.asked_after: int | None = None
@@ -836,7 +809,6 @@ class World:
         self.marks_dirty = False
         self.counts: dict[str, int] = {"committed_then_timed_out": 0}
         self.faults: list[tuple[float, str]] = []
-        self.keeper_run = KEEPER_RUN
         self.kind = kind or ("embedded" if rng.random() < EMBEDDED_SHARE else "etcd")
         self.region = 1
         # A small layout: four worker IDs (so they change hands) and 64 IDs per ms.
@@ -1079,7 +1051,6 @@ class World:
         p.up = True
         p.paused_until = 0
         p.pause_in_call = 0
-        p.claim_wake = None
         p.loop = Thread(p, "loop")
         p.pid = 1000 + (p.inc << 8) + (p.node.index << 4) + p.slot
         p.ident = f"w{p.slot}-{p.pid}".encode()
@@ -1117,8 +1088,9 @@ class World:
             make_keeper=functools.partial(SimKeeper, self, p),
         )
         p.node.broker.started(p)
-        self.at(self.T, p.loop, self.wake, p)
-        self.at(self.T + LOOP_WAKE_NS, p.loop, self.loop_wake, p)
+        # The loop's first wait for a frame (workers/main.py sets RCVTIMEO before it).
+        p.wait_id += 1
+        self.at(self.T + core_mod.IDLE_WAIT_MS * MS, p.loop, self.timed_out, p, p.wait_id)
 
     def crash(self, p: Proc) -> None:
         """SIGKILL: the kernel drops the file locks; the minters' memory is gone; etcd leases lapse."""
@@ -1162,38 +1134,41 @@ class World:
         self.marks_dirty = True
         self.checker.step()
 
-    # -- the worker loop: what workers/main.py does around the core
+    # -- the worker loop: workers/main.py's, each frame and each time-out a turn of the core
     def deliver(self, p: Proc) -> None:
-        """Frames from the broker reach the process: the core takes them in order, and
-        the loop runs its timers when they are due, as after each frame it takes."""
-        core = p.core
+        """Frames from the broker reach the process: its loop takes them in order, each
+        one a turn of the core (``WorkerCore.turn``), as workers/main.py's loop does."""
         inbox = p.inbox
-        while inbox:
+        while inbox and p.up:
             frame = inbox.popleft()
-            core.heard = True
             if frame[0] == protocol.WORK:
                 # One request at a time per process: its loop is busy meanwhile.
                 request = protocol.decode_request(protocol.split_routed(frame)[2])
                 p.request_id, p.asked_after = request.request_id, request.after
-            done_ns = core.handle(frame, p.node.clock.mono())
-            if core.state_dirty or done_ns >= core.next_tick_ns:
-                self.tick(p)
+            self.turn(p, frame)
 
-    def loop_wake(self, p: Proc) -> None:
-        """The loop's receive times out (RCVTIMEO) at least this often."""
-        self.at(self.T + LOOP_WAKE_NS, p.loop, self.loop_wake, p)
-        self.wake(p)
+    def turn(self, p: Proc, frame: bytes | None) -> None:
+        """One turn of the real core; its loop's next wait for a frame ends after the
+        time the core asked for (the RCVTIMEO workers/main.py sets), unless a frame comes."""
+        core = p.core
+        before = core.counters["claims"], core.next_claim_ns, len(core.held)
+        wait_ms = core.turn(frame, p.node.clock.mono())
+        if (core.counters["claims"], core.next_claim_ns, len(core.held)) != before:
+            self.marks_dirty = True  # a claim was tried (it may write marks), or a worker ID dropped
+        if core.stopping:
+            self.boot_failed(p)
+            return
+        p.wait_id += 1
+        self.at(self.T + max(int(wait_ms * MS / p.node.clock.rate), 1), p.loop, self.timed_out, p, p.wait_id)
 
-    def wake(self, p: Proc) -> None:
-        """The loop turns without being handed a frame: it takes those waiting first
-        (its receive returns them before it times out), then runs its timers if due
-        (a claim's back-off ends at its own moment, not at the next time-out)."""
+    def timed_out(self, p: Proc, wait_id: int) -> None:
+        """The loop's wait for a frame ends (a frame that came meanwhile is taken first)."""
+        if wait_id != p.wait_id:
+            return  # a frame ended that wait, and the turn after it began another
         if p.inbox:
             self.deliver(p)
-        core = p.core
-        due = p.claim_wake is not None and p.claim_wake <= self.T
-        if due or core.state_dirty or p.node.clock.mono() >= core.next_tick_ns:
-            self.tick(p)
+        else:
+            self.turn(p, None)
 
     def work_now(self, p: Proc, n: int = 1, after: int | None = None) -> None:
         """One WORK frame straight to the process, taken now (for scripted scenarios)."""
@@ -1227,25 +1202,6 @@ class World:
         else:
             self.last_ids[self.rng.randrange(64)] = first
 
-    def tick(self, p: Proc) -> None:
-        """The core's timers, as the loop runs them."""
-        if p.claim_wake is not None and p.claim_wake <= self.T:
-            p.claim_wake = None
-        core = p.core
-        before = core.counters["claims"], core.next_claim_ns, len(core.held)
-        core.tick(p.node.clock.mono())
-        if (core.counters["claims"], core.next_claim_ns, len(core.held)) != before:
-            self.marks_dirty = True  # a claim was tried (it may write marks), or a worker ID dropped
-        if core.stopping:
-            self.boot_failed(p)
-            return
-        if len(core.held) < core.ids_wanted:
-            # The loop wakes at least every TICK_S; one tick when the next claim is due is the same.
-            t = self.T + int(max(core.next_claim_ns - p.node.clock.mono(), 0) / p.node.clock.rate) + 1
-            if p.claim_wake is None or p.claim_wake > t:
-                p.claim_wake = t
-                self.at(t, p.loop, self.wake, p)
-
     def boot_failed(self, p: Proc) -> None:
         """The core refused to go on (exit status 73 or 78): the process exits; its supervisor
         starts it again later, as an operator would after looking."""
@@ -1272,24 +1228,23 @@ class World:
 
     # -- the keepers
     def keeper_step(self, p: Proc, k: SimKeeper, sleep_id: int) -> None:
-        if k.stopped or k.gen is None or sleep_id != k.sleep_id:
+        """One turn of the real keeper (``Keeper.step``), and its next turn scheduled
+        after the wait it asked for, on its host's clock (or sooner, when woken)."""
+        if k.stopped or k.done or sleep_id != k.sleep_id:
             return
         # A lock file removed before this step began, and a renewal that succeeds
         # in it: the check missed the removal. (One removed while the renewal
         # runs, after its check, is found by the next.)
         doomed, renewals = k.doomed, k.renewals
         try:
-            delay = next(k.gen)
-        except StopIteration:
-            k.gen = None
-            self.marks_dirty = True
-            # The loop notices keeper.lost at its next turn (at most TICK_S idle, as in workers/main.py).
-            self.at(self.T + self.rng.randrange(1, 50 * MS), p.loop, self.wake, p)
-            return
+            delay = k.step()
         finally:
             self.marks_dirty = True
             if doomed and k.renewals > renewals:
                 k.doomed_checked = True
+        if delay is None:
+            k.done = True  # the loop notices keeper.lost at its next turn
+            return
         k.sleep_id += 1
         self.at(self.T + max(int(delay * NS / p.node.clock.rate), 1), k.thread, self.keeper_step, p, k, k.sleep_id)
 
@@ -1717,9 +1672,6 @@ CLAIM_RETRY_MIN_NS = int(core_mod.CLAIM_BACKOFF_MIN_S * 0.8 * NS)
 #: The cores' log lines (run.py silences logging; under pytest they are captured).
 SIM_LOG = logging.getLogger("snowfence.sim")
 
-#: Keeper.run as a generator; rebuilt by :func:`reload` after a mutant changed the source.
-KEEPER_RUN = keeper_steps_function()
-
 #: One schedule in five runs the embedded store (its files cost more than the simulated etcd).
 EMBEDDED_SHARE = 0.2
 #: The share of schedules whose hosts (or processes) have flags of their own.
@@ -1748,7 +1700,6 @@ LINK_NS = 50_000
 BROKER_TICK_NS = 50 * MS
 PEER_INTERVAL_NS = int(PEER_INTERVAL_S * NS)
 #: A worker's loop wakes at least this often without a frame (workers/main.py's RCVTIMEO).
-LOOP_WAKE_NS = 50 * MS
 #: The long profile's schedules last this many times longer, with as many more faults.
 LONG_FACTOR = 5
 
@@ -1785,11 +1736,6 @@ if not hasattr(embedded_mod.FileLease, "check"):
     # An embedded store that does not re-check its lock cannot survive a lock file
     # removed underneath; the fault is armed once it does.
     FAULT_KINDS["embedded"].remove("remove_lock")
-
-
-def reload() -> None:
-    global KEEPER_RUN
-    KEEPER_RUN = keeper_steps_function()
 
 
 def run_schedule(

@@ -146,18 +146,6 @@ def test_a_mutation_that_no_longer_matches_the_code_fails_loudly_and_changes_not
     assert (Minter.reserve, Minter.start_after) == before
 
 
-def test_the_keeper_loop_must_still_sleep_where_the_simulator_can_resume_it():
-    # The simulator runs Keeper.run with its sleeps as yields; a loop that sleeps
-    # some other way would run unsimulated, so the conversion refuses it.
-    real = sim.source_of
-    try:
-        sim.source_of = lambda fn: "def run(self):\n    time.sleep(1)\n"
-        with pytest.raises(RuntimeError, match="no longer sleeps through self._sleep"):
-            sim.keeper_steps_function()
-    finally:
-        sim.source_of = real
-
-
 # -- regression scenarios: what a seed once found, scripted so it keeps its meaning ------
 
 
@@ -184,7 +172,7 @@ def _ready_world(kind: str):
 
 def _mint_now(world, p):
     """One request from the process's loop, as the simulator makes them (no timer turn after)."""
-    p.core.state_dirty, p.core.next_tick_ns = False, p.node.clock.mono() + 10**12
+    p.core.state_dirty, p.core.next_turn_ns = False, p.node.clock.mono() + 10**12
     world.current = p.loop
     try:
         world.work_now(p)

@@ -61,6 +61,8 @@ log = logging.getLogger("snowfence.worker")
 #: Timers run at most this often while requests keep the loop busy. The minter
 #: enforces every guard on each call regardless; timers only move rotation.
 TICK_NS = 10_000_000
+#: The longest the loop waits for a frame before it turns anyway (its timers run then).
+IDLE_WAIT_MS = 50
 #: The claim back-off: the first retry after this long, doubling up to the cap.
 CLAIM_BACKOFF_MIN_S = 0.25
 #: While the clock is not vouched for, how often a worker looks again (a verdict that
@@ -213,9 +215,15 @@ class WorkerCore:
         loop_ns: Callable[[], int] | None = None,
         make_minter: Callable[..., Minter] = Minter,
         make_keeper: Callable[..., Keeper] = Keeper,
+        parent_alive: Callable[[], bool] = lambda: True,
+        before_tick: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.slot = slot
+        #: Whether the broker process is still this one's parent (asked when the timers run).
+        self.parent_alive = parent_alive
+        #: What the loop does before the timers run (the worker process: the signals it queued).
+        self.before_tick = before_tick
         self.pid = pid
         self.holder = holder
         self.store = store
@@ -255,6 +263,10 @@ class WorkerCore:
         self.state_dirty = True
         self.next_heartbeat_ns = 0
         self.next_tick_ns = 0
+        #: When the loop must turn next even without a frame (the timers, a claim due), and
+        #: how long its wait for a frame may be: see :meth:`turn`.
+        self.next_turn_ns = 0
+        self.wait_ms = IDLE_WAIT_MS
         self.broker_seen_ns = now_ns
         self.last_tick_ns = now_ns
         #: Whether a STATE went out yet (before it, the broker cannot know this worker).
@@ -387,6 +399,30 @@ class WorkerCore:
         )
         self.ready = [h for h in self.held if h.state == READY]
         self.state_dirty = True
+
+    def turn(self, frame: bytes | None, now_ns: int) -> int:
+        """One turn of the worker's loop at monotonic ``now_ns``: the frame its wait
+        ended with (None: it timed out), then the timers when a state change is to be
+        reported or they are due. Returns how long, in ms, the loop may wait for the
+        next frame before it must turn again (the idle bound, or less when a claim
+        falls due sooner). The worker process and the simulator run this same step."""
+        if frame is not None:
+            self.heard = True
+            # The reading that ends a request's minting time also times the loop.
+            now_ns = self.handle(frame, now_ns)
+        if self.state_dirty or now_ns >= self.next_turn_ns:
+            self.before_tick()
+            self.tick(now_ns, parent_alive=self.parent_alive())
+            self._plan_wait(now_ns)
+        return self.wait_ms
+
+    def _plan_wait(self, now_ns: int) -> None:
+        next_ns = self.next_tick_ns
+        if len(self.held) < self.ids_wanted and not self.stopping:
+            next_ns = min(next_ns, max(self.next_claim_ns, now_ns))
+        self.next_turn_ns = next_ns
+        wait_ns = self.next_claim_ns - now_ns if next_ns < self.next_tick_ns else IDLE_WAIT_MS * 1_000_000
+        self.wait_ms = max(1, min(IDLE_WAIT_MS, -(-wait_ns // 1_000_000)))
 
     def tick(self, now_ns: int, *, parent_alive: bool = True) -> None:
         """The timers, at monotonic ``now_ns``. ``parent_alive``: the broker process is still our parent."""

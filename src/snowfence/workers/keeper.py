@@ -81,6 +81,8 @@ class Keeper(threading.Thread):
         #: paused with the whole process, wherever in its iteration.
         self._judged_ns = 0
         self._away_ns = 0
+        #: The wait after a failed renewal, doubled each failure up to half the interval.
+        self._backoff_s = retry_s
 
     def renew_once(self) -> None:
         """One renewal: renew the lease, then extend the mark (or, if no extension is due,
@@ -126,52 +128,67 @@ class Keeper(threading.Thread):
             self.lease.abandon()
         self._on_event("loop_stalled", {"worker_id": self.lease.worker_id, "reason": why})
 
+    def step(self) -> float | None:
+        """One turn of the keeper: judge the minting loop, renew once, and decide how long
+        to wait before the next turn (None: the keeper is done, its worker ID lost or given
+        up). :meth:`run` calls it on the keeper's thread; the simulator calls this same step
+        on its own schedule, so what runs there is what runs here."""
+        stalled_s = self.loop_stalled_s()
+        if stalled_s is not None:
+            self.give_up(f"the minting loop has not turned for {stalled_s:.1f} s")
+            return None
+        try:
+            self.renew_once()
+        except LeaseLost as exc:
+            self.lost = exc
+            self.minter.fence_deadline_ns = -1
+            self._on_event("lease_lost", {"worker_id": self.lease.worker_id, "reason": str(exc)})
+            return None
+        except SnowfenceError as exc:
+            self.failures += 1
+            self._on_event(
+                "renewal_failed", {"worker_id": self.lease.worker_id, "reason": str(exc), "failures": self.failures}
+            )
+            return self._back_off()
+        except Exception as exc:  # a bug must not silently stop renewals: log, retry
+            self.failures += 1
+            log.exception("lease keeper for worker %d failed", self.lease.worker_id)
+            self._on_event(
+                "renewal_failed",
+                {"worker_id": self.lease.worker_id, "reason": repr(exc), "failures": self.failures},
+            )
+            return self._back_off()
+        if self.failures:
+            self._on_event("renewed", {"worker_id": self.lease.worker_id, "after_failures": self.failures})
+            self.failures = 0
+        elif self.last_renewal_latency_s is not None and self.last_renewal_latency_s * 1e9 > self.fence_ns / 4:
+            # Succeeded, but a few more like it and the worker fences.
+            self._on_event(
+                "renewed_late",
+                {"worker_id": self.lease.worker_id, "latency_s": round(self.last_renewal_latency_s, 3)},
+            )
+        self._backoff_s = self.retry_s
+        return self._away(self.interval_s)
+
+    def _back_off(self) -> float:
+        wait_s = self._backoff_s
+        self._backoff_s = min(wait_s * 2, self.interval_s / 2)
+        return self._away(wait_s)
+
+    def _away(self, seconds: float) -> float:
+        """The keeper means to be away ``seconds``: a turn that comes much later than
+        that was paused with the whole process (see :meth:`loop_stalled_s`)."""
+        self._away_ns = int(seconds * 1e9)
+        return seconds
+
     def run(self) -> None:
-        backoff = self.retry_s
         while not self._stopping.is_set():
-            stalled_s = self.loop_stalled_s()
-            if stalled_s is not None:
-                self.give_up(f"the minting loop has not turned for {stalled_s:.1f} s")
+            wait_s = self.step()
+            if wait_s is None:
                 return
-            try:
-                self.renew_once()
-            except LeaseLost as exc:
-                self.lost = exc
-                self.minter.fence_deadline_ns = -1
-                self._on_event("lease_lost", {"worker_id": self.lease.worker_id, "reason": str(exc)})
-                return
-            except SnowfenceError as exc:
-                self.failures += 1
-                self._on_event(
-                    "renewal_failed", {"worker_id": self.lease.worker_id, "reason": str(exc), "failures": self.failures}
-                )
-                self._sleep(backoff)
-                backoff = min(backoff * 2, self.interval_s / 2)
-                continue
-            except Exception as exc:  # a bug must not silently stop renewals: log, retry
-                self.failures += 1
-                log.exception("lease keeper for worker %d failed", self.lease.worker_id)
-                self._on_event(
-                    "renewal_failed",
-                    {"worker_id": self.lease.worker_id, "reason": repr(exc), "failures": self.failures},
-                )
-                self._sleep(backoff)
-                backoff = min(backoff * 2, self.interval_s / 2)
-                continue
-            if self.failures:
-                self._on_event("renewed", {"worker_id": self.lease.worker_id, "after_failures": self.failures})
-                self.failures = 0
-            elif self.last_renewal_latency_s is not None and self.last_renewal_latency_s * 1e9 > self.fence_ns / 4:
-                # Succeeded, but a few more like it and the worker fences.
-                self._on_event(
-                    "renewed_late",
-                    {"worker_id": self.lease.worker_id, "latency_s": round(self.last_renewal_latency_s, 3)},
-                )
-            backoff = self.retry_s
-            self._sleep(self.interval_s)
+            self._sleep(wait_s)
 
     def _sleep(self, seconds: float) -> None:
-        self._away_ns = int(seconds * 1e9)
         self._wake.wait(seconds)
         self._wake.clear()
 

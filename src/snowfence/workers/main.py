@@ -6,13 +6,16 @@ DEALER socket to the broker's backend and runs one loop around its
 
 * each frame from the broker goes to :meth:`WorkerCore.handle` (a WORK frame is
   answered at once, from a minter);
-* the core's timers run whenever it has a state change to report, and at most
-  every ``TICK_NS`` while requests keep the loop busy (every ``TICK_S`` idle);
+* each frame, and each wait that ends without one, is a turn of the core
+  (:meth:`WorkerCore.turn`): its timers run whenever it has a state change to
+  report, and at most every ``TICK_NS`` while requests keep the loop busy; the
+  core says how long the next wait may be (``IDLE_WAIT_MS``, or less while a
+  claim falls due sooner);
 * SIGTERM, SIGINT and SIGHUP ask it to stop, as do the broker's STOP frame and
   finding itself orphaned; it answers what the broker already queued, then
   releases what it holds.
 
-The loop never blocks longer than ``TICK_S`` except inside one store call
+The loop never blocks longer than ``IDLE_WAIT_MS`` except inside one store call
 (bounded by its deadline) while claiming.
 """
 
@@ -37,13 +40,11 @@ from ..errors import ConfigError
 from ..logs import event
 from ..logs import setup as setup_logs
 from ..store import open_store
-from .core import WorkerCore, boot_failed, preference_files
+from .core import IDLE_WAIT_MS, WorkerCore, boot_failed, preference_files
 from .exits import Exit
 
 log = logging.getLogger("snowfence.worker")
 
-#: Longest wait for a frame, so the core's timers (fence, clock, claims) run promptly when idle.
-TICK_S = 0.05
 #: Set to 1 (tests only) to arm the fault hooks: SIGUSR1 hangs the minting loop.
 FAULT_HOOKS_ENV = "SNOWFENCE_FAULT_HOOKS"
 
@@ -73,7 +74,7 @@ class Worker:
         self.sock.setsockopt(zmq.SNDHWM, 0)
         # The loop blocks in recv (the GIL released) rather than poll, then drain
         # until EAGAIN: 0.3 us per message instead of a poll plus an exception.
-        self.sock.setsockopt(zmq.RCVTIMEO, int(TICK_S * 1000))
+        self.sock.setsockopt(zmq.RCVTIMEO, IDLE_WAIT_MS)
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a terminal that hung up
@@ -100,6 +101,8 @@ class Worker:
             send=functools.partial(_send, self.sock),
             host_clock=HostClock.watching(config, log),
             now_ns=time.monotonic_ns(),
+            parent_alive=lambda: os.getppid() == self.broker_pid,
+            before_tick=self.on_signals,
         )
         try:
             self.loop(core)
@@ -111,29 +114,29 @@ class Worker:
         return core.exit_code
 
     def loop(self, core: WorkerCore) -> None:
+        """Each frame (or a wait that ended without one) to the core's :meth:`~WorkerCore.turn`,
+        which also says how long the next wait for a frame may be."""
         sock = self.sock
-        handle = core.handle
+        turn = core.turn
         mono = time.monotonic_ns
+        wait_ms = IDLE_WAIT_MS
         while not core.stopping:
             try:
                 frame = _recv(sock)  # waits at most RCVTIMEO
             except zmq.Again:
-                now_ns = mono()
-            else:
-                core.heard = True
-                # The reading that ends a request's minting time also times the loop.
-                now_ns = handle(frame, mono())
-            if core.state_dirty or now_ns >= core.next_tick_ns:
-                self.tick(core)
-        self.drain(core)
+                frame = None
+            wanted = turn(frame, mono())
+            if wanted != wait_ms:
+                sock.setsockopt(zmq.RCVTIMEO, wanted)
+                wait_ms = wanted
 
-    def tick(self, core: WorkerCore) -> None:
+    def on_signals(self) -> None:
+        """The signals queued since the last turn of the timers (handlers only enqueue)."""
         if self._signals:
             if signal.SIGUSR1 in self._signals:
                 self._hang()
             self._signals.clear()
-            core.stop("stopping", "signal received; draining")
-        core.tick(time.monotonic_ns(), parent_alive=os.getppid() == self.broker_pid)
+            self.core.stop("stopping", "signal received; draining")
 
     def drain(self, core: WorkerCore) -> None:
         """Answer what the broker already queued here, then stop (bounded in time)."""
