@@ -341,6 +341,27 @@ MUTANTS = [
             ),
         ),
     ),
+    Mutant(
+        "own-minter-may-wait",
+        "the broker's own worker ID mints with a minter that may wait for the next millisecond (in the broker's loop)",
+        (
+            Edit(
+                R + "own:OwnWorkerId.__init__",
+                "self._make_minter = functools.partial(make_minter, may_wait=False)",
+                "self._make_minter = make_minter",
+            ),
+        ),
+    ),
+    Mutant(
+        "own-never-gives-back",
+        "the broker keeps its own worker ID when no other of the region is free",
+        (Edit(R + "own:spare_rule", "return GIVE_BACK if free == 0 else KEEP", "return KEEP"),),
+    ),
+    Mutant(
+        "loop-turn-deaf",
+        "the worker loop's turn does not note a frame from the broker as word from it",
+        (Edit(M + "core:WorkerCore.turn", "            self.heard = True\n", ""),),
+    ),
 ]
 
 #: Mutations tried and not in the list, because another guard makes them harmless: the

@@ -60,6 +60,7 @@ from types import SimpleNamespace
 import orjson
 
 from snowfence import protocol
+from snowfence.broker import own as own_mod
 from snowfence.broker.main import PEER_INTERVAL_S
 from snowfence.broker.peers import verdicts
 from snowfence.broker.routing import Routing
@@ -297,7 +298,12 @@ class Proc:
         return self.node.clock.mono()
 
     def sleep(self, seconds: float) -> None:
-        self.world.elapse(max(int(seconds * NS / self.node.clock.rate), 1000))
+        w = self.world
+        if self.slot == own_mod.SLOT and (w.current is None or w.current is not self.loop):
+            w.checker.fail(
+                "the broker's loop waited inside its own worker ID's minter (it must mint at once or decline)"
+            )
+        w.elapse(max(int(seconds * NS / self.node.clock.rate), 1000))
 
     def loop_ns(self) -> int:
         """When the minting loop last turned: now, unless it is inside a call."""
@@ -366,6 +372,10 @@ class Broker:
         self.peer_bound_ns = config.peer_offset_bound_ms * MS if pending_verdict(config) else 0
         self.next_peer_ns = 0
         self.peer_rounds = 0
+        #: The broker process, as far as its own worker ID's thread runs in it, and that
+        #: worker ID (broker/own.py), when the settings have the broker mint small requests.
+        self.proc: Proc | None = Proc(world, node, own_mod.SLOT, config) if config.broker_mint_max_ids else None
+        self.own: own_mod.OwnWorkerId | None = None
 
     # -- the process side: the supervisor
     def started(self, p: Proc) -> None:
@@ -433,6 +443,8 @@ class Broker:
         if w.last_ids and rng.random() < 0.2:
             after = w.last_ids[int(rng.random() * len(w.last_ids))]
         w.request_id += 1
+        if self.proc is not None:
+            self.proc.request_id = w.request_id  # the request the broker's own minter may answer
         self.pending[w.request_id] = (addr, after)
         self.in_flight[addr] += 1
         self.core.request(0, addr, protocol.encode_reserve(w.request_id, n, after))
@@ -941,7 +953,8 @@ class World:
         self.horizon = int(rng.uniform(15, 40) * scale * NS * (LONG_FACTOR if long else 1))
         # Across the processes' own flags: the longest window any of them uses, and whether any
         # mints through partitions.
-        self.window_ms = max(int(p.config.reservation_window_s * 1000) for p in self.procs)
+        holders = self.procs + [n.broker.proc for n in self.nodes if n.broker.proc is not None]
+        self.window_ms = max(int(p.config.reservation_window_s * 1000) for p in holders)
         self.partition_minting = any(self.kind == "etcd" and p.config.partition_minting for p in self.procs)
 
     # -- the event loop
@@ -1061,7 +1074,7 @@ class World:
             config,
             wall_ns=clock.wall,
             mono_ns=p.mono_ns,
-            etcd_client=lambda: FakeClient(self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)], config.etcd_timeout_s),
+            etcd_client=lambda: FakeClient(self, p, ETCD_LABELS, config.etcd_timeout_s),
         )
         store.claim = functools.partial(self.claim, p, store.claim)
         p.core = WorkerCore(
@@ -1225,6 +1238,74 @@ class World:
         core.release_all()
         self.exit(p)
         self.at(self.T + self.rng.randrange(NS, 3 * NS), None, self.restart, p)
+
+    # -- the broker's own worker ID: broker/own.py's OwnWorkerId, its thread's steps simulated
+    def start_own(self, b: Broker) -> None:
+        """The broker opens its own worker ID's store (open_store, as every holder does) and
+        its thread starts; its ``mint`` answers plain requests in the routing core."""
+        p = b.proc
+        p.inc += 1
+        p.up = True
+        p.loop = Thread(p, "own")
+        p.pid = 1000 + (p.inc << 8) + (p.node.index << 4) + 15
+        config, clock = p.config, p.node.clock
+
+        def open_own_store(cfg: Config):
+            store = open_store(
+                cfg,
+                wall_ns=clock.wall,
+                mono_ns=p.mono_ns,
+                etcd_client=lambda: FakeClient(
+                    self, p, [f"127.0.0.1:{2379 + i}" for i in range(3)], cfg.etcd_timeout_s
+                ),
+            )
+            store.claim = functools.partial(self.claim, p, store.claim)
+            return store
+
+        own = own_mod.OwnWorkerId(
+            config,
+            open_store=open_own_store,
+            workers_settled=lambda: own_mod.workers_settled(
+                b.core.links.values(), len(p.node.procs), config.ids_per_worker
+            ),
+            loop_ns=clock.mono,  # the broker's loop turns (it is not paused in the simulator)
+            pid=p.pid,
+            clocks=Clocks(wall_ns=p.wall_ns, mono_ns=p.mono_ns, sleep=p.sleep),
+            host_clock=ClockWatch(
+                forward_jump_ms=config.forward_jump_ms,
+                refuse_forward_jumps=config.refuse_forward_jumps,
+                max_clock_error_ms=config.max_clock_error_ms,
+                log=SIM_LOG,
+                wall_ns=clock.wall,
+                read_kernel=lambda: None,
+            ),
+            make_minter=CheckedMinter,
+            make_keeper=functools.partial(SimKeeper, self, p),
+            rng=self.rng,
+        )
+        if not own.open():
+            return
+        p.core = own.core
+        b.own = own
+        b.core.mint_here(own.mint, config.broker_mint_max_ids)
+        self.at(self.T + int(own_mod.TICK_S * NS), p.loop, self.own_step, b)
+
+    def own_step(self, b: Broker) -> None:
+        """One turn of the own worker ID's thread (``OwnWorkerId.step``), every TICK_S."""
+        p, own = b.proc, b.own
+        before = own.core.counters["claims"], len(own.core.held), own.gave_back
+        counted = own._next_count_ns
+        try:
+            going = own.step()
+        finally:
+            if (own.core.counters["claims"], len(own.core.held), own.gave_back) != before:
+                self.marks_dirty = True
+        if own._next_count_ns != counted and own.free == 0 and own.core.held:
+            self.checker.fail(
+                "the broker kept its own worker ID after counting no other of the region free (workers come first)"
+            )
+        if going:
+            self.at(self.T + int(own_mod.TICK_S * NS / p.node.clock.rate), p.loop, self.own_step, b)
 
     # -- the keepers
     def keeper_step(self, p: Proc, k: SimKeeper, sleep_id: int) -> None:
@@ -1648,6 +1729,8 @@ class World:
             for p in self.procs:
                 self.at(rng.randrange(NS // 10), None, self.start, p)
             for node in self.nodes:
+                if node.broker.proc is not None:
+                    self.at(rng.randrange(NS // 10), None, self.start_own, node.broker)
                 self.at(rng.randrange(BROKER_TICK_NS), None, node.broker.tick)
                 self.at(rng.randrange(1, 50 * MS), None, node.broker.client_request)
             self.schedule_faults()
@@ -1659,6 +1742,14 @@ class World:
         for p in self.procs:
             if p.up:
                 self.exit(p)
+        for node in self.nodes:
+            p = node.broker.proc
+            if p is not None and p.up:
+                for h in p.held:
+                    h.keeper.stopped = True
+                    if self.kind == "embedded":
+                        h.lease.abandon()
+                p.up = False
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             shutil.rmtree(self.tmp + "-journal", ignore_errors=True)
@@ -1696,6 +1787,8 @@ CONNECTIONS = (b"c0", b"c1", b"c2")
 BURST_SHARE = 0.02
 #: A frame between broker and worker (the backend's ipc socket) arrives this much later.
 LINK_NS = 50_000
+#: The simulated etcd's members, as the stores' clients name them.
+ETCD_LABELS = [f"127.0.0.1:{2379 + i}" for i in range(3)]
 #: The broker's loop turns at least this often (broker/main.py's poll timeout).
 BROKER_TICK_NS = 50 * MS
 PEER_INTERVAL_NS = int(PEER_INTERVAL_S * NS)

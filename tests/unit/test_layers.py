@@ -72,7 +72,7 @@ def test_of_the_workers_package_the_broker_imports_only_exit_statuses_and_its_ow
         # What a worker's exit status means (the supervisor halts or restarts on it).
         "snowfence.broker.supervisor": {"snowfence.workers.exits"},
         # The broker's own worker ID is held as a worker holds one: the worker core and its keeper.
-        "snowfence.broker.own": {"snowfence.workers.core", "snowfence.workers.minter"},
+        "snowfence.broker.own": {"snowfence.workers.core", "snowfence.workers.minter", "snowfence.workers.keeper"},
     }
     for module, found in MODULES.items():
         if not module.startswith("snowfence.broker"):

@@ -402,9 +402,9 @@ class Node:
         """Every worker process of this node is connected and holds all its worker IDs.
         Read from the broker's own worker ID's thread: a snapshot of the links (taken
         under the GIL), never a lock the loop would wait for."""
-        links = list(self.router.core.links.values())
-        wanted = len(self.supervisor.procs) * self.config.ids_per_worker
-        return len(links) >= len(self.supervisor.procs) and sum(len(link.status.held) for link in links) >= wanted
+        from .own import workers_settled
+
+        return workers_settled(self.router.core.links.values(), len(self.supervisor.procs), self.config.ids_per_worker)
 
     def own_entry(self) -> dict:
         """This node's membership entry as of now."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import random
 import socket
@@ -48,7 +49,8 @@ from ..config import Config
 from ..errors import ConfigError, Refused, SnowfenceError
 from ..logs import event
 from ..protocol import WorkerState
-from ..workers.core import WorkerCore, broker_preference_file
+from ..workers.core import Clocks, WorkerCore, broker_preference_file
+from ..workers.keeper import Keeper
 from ..workers.minter import Minter, WouldWait
 
 log = logging.getLogger("snowfence.broker")
@@ -71,6 +73,13 @@ TICK_S = 0.05
 KEEP, GIVE_BACK, CLAIM, WAIT = "keep", "give_back", "claim", "wait"
 
 
+def workers_settled(links, workers: int, ids_per_worker: int) -> bool:
+    """Every one of a node's ``workers`` is connected and holds all its worker IDs, as the
+    routing core's ``links`` (their last STATE) say: before that the broker claims nothing."""
+    links = list(links)
+    return len(links) >= workers and sum(len(link.status.held) for link in links) >= workers * ids_per_worker
+
+
 def spare_rule(holding: bool, free: int | None, settled: bool) -> str:
     """What the broker's own worker ID does once it has counted ``free`` unheld worker IDs in
     its region (None: the count failed, and nothing is known): keep the one it holds, give
@@ -78,10 +87,6 @@ def spare_rule(holding: bool, free: int | None, settled: bool) -> str:
     if holding:
         return GIVE_BACK if free == 0 else KEEP
     return CLAIM if settled and free is not None and free > SPARE else WAIT
-
-
-def _no_wait_minter(*args, **kwargs) -> Minter:
-    return Minter(*args, may_wait=False, **kwargs)
 
 
 class OwnWorkerId:
@@ -101,8 +106,18 @@ class OwnWorkerId:
         workers_settled: Callable[[], bool],
         loop_ns: Callable[[], int],
         pid: int,
+        clocks: Clocks | None = None,
+        host_clock: HostClock | None = None,
+        make_minter: Callable[..., Minter] = Minter,
+        make_keeper: Callable[..., Keeper] = Keeper,
+        rng: random.Random | None = None,
     ) -> None:
         self.config = dataclasses.replace(config, ids_per_worker=1)
+        #: What its core is given (the simulator gives simulated ones).
+        self._clocks = clocks or Clocks()
+        self._host_clock = host_clock
+        self._make_minter = functools.partial(make_minter, may_wait=False)
+        self._make_keeper = make_keeper
         self.max_ids = config.broker_mint_max_ids
         self._open_store = open_store
         self._workers_settled = workers_settled
@@ -126,12 +141,21 @@ class OwnWorkerId:
         #: Whether its state changed, or a heartbeat's worth of time went by, since the
         #: broker's loop last took a snapshot (as often as a worker sends its STATE).
         self.state_due = True
-        self._rng = random.Random()
+        self._rng = rng or random.Random()
 
     # -- the broker ---------------------------------------------------------------------
 
     def start(self) -> bool:
         """Open the store and start the core's thread; False (logged) if the store cannot be opened."""
+        if not self.open():
+            return False
+        self._thread = threading.Thread(target=self._run, name="snowfence-own", daemon=True)
+        self._thread.start()
+        return True
+
+    def open(self) -> bool:
+        """Open the store and make the core; False (logged) if the store cannot be opened.
+        Its thread then calls :meth:`step` (the simulator calls it on its own schedule)."""
         config = self.config
         try:
             self.store = store = self._open_store(config)
@@ -151,18 +175,19 @@ class OwnWorkerId:
             store=store,
             preferences=[broker_preference_file(config)],
             send=self._stated,  # its state is read with snapshot(), not sent
-            host_clock=HostClock.watching(config, log),
-            now_ns=time.monotonic_ns(),
+            host_clock=self._host_clock or HostClock.watching(config, log),
+            now_ns=self._clocks.mono_ns(),
+            clocks=self._clocks,
+            rng=self._rng,
             loop_ns=self._loop_ns,
-            make_minter=_no_wait_minter,
+            make_minter=self._make_minter,
+            make_keeper=self._make_keeper,
         )
         # Its claims fail for as long as its workers hold the region's every worker
         # ID: that is the expected case, not a warning.
         core.claim_failed_level = logging.DEBUG
         core.ids_wanted = 0
         self.core = core
-        self._thread = threading.Thread(target=self._run, name="snowfence-inline", daemon=True)
-        self._thread.start()
         return True
 
     def stop(self) -> None:
@@ -252,43 +277,57 @@ class OwnWorkerId:
     # -- the core's thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        core = self.core
-        wait_s = TICK_S
         try:
-            while not self._stop.wait(wait_s):
-                settled = self._workers_settled()
-                if settled and not self._settled:
-                    self._next_count_ns = 0  # the node's workers hold theirs now: count at once
-                self._settled = settled
-                counted = self._count(time.monotonic_ns())  # a store call: off the lock
-                with self._lock:
-                    if self._stop.is_set():
-                        return
-                    # The broker is this process: it never falls silent to its own core.
-                    core.heard = True
-                    if counted:
-                        self._follow_rule(settled)
-                    core.tick(time.monotonic_ns())
-                    if core.stopping:
-                        # A configuration it cannot use (a layout mismatch, a state
-                        # directory refused): the workers say so too; it mints nothing.
-                        event(
-                            log,
-                            "inline_disabled",
-                            f"the broker mints no requests itself: {core.reason}",
-                            level=logging.WARNING,
-                        )
-                        return
+            while not self._stop.wait(TICK_S):
+                if not self.step():
+                    return
         except Exception:
             log.exception("the broker's own worker ID failed; requests all go to workers")
-            with self._lock:
-                core.ready = []
-                core.stopping = True
-                self.state_due = True
-                try:  # let its worker ID go too: nothing would give it back to workers any more
-                    core.release_all()
-                except Exception:
-                    log.exception("the broker's own worker ID could not be released")
+            self.failed()
+
+    def step(self) -> bool:
+        """One turn of its thread: count the region's unheld worker IDs when due (off the
+        lock: a store call), follow the spare rule and run the core's timers (under it).
+        False once it is done: stopped, or its core refused a configuration it cannot use."""
+        core = self.core
+        mono = self._clocks.mono_ns
+        settled = self._workers_settled()
+        if settled and not self._settled:
+            self._next_count_ns = 0  # the node's workers hold theirs now: count at once
+        self._settled = settled
+        counted = self._count(mono())
+        with self._lock:
+            if self._stop.is_set():
+                return False
+            # The broker is this process: it never falls silent to its own core.
+            core.heard = True
+            if counted:
+                self._follow_rule(settled)
+            core.tick(mono())
+            if core.stopping:
+                # A configuration it cannot use (a layout mismatch, a state
+                # directory refused): the workers say so too; it mints nothing.
+                event(
+                    log,
+                    "inline_disabled",
+                    f"the broker mints no requests itself: {core.reason}",
+                    level=logging.WARNING,
+                )
+                return False
+        return True
+
+    def failed(self) -> None:
+        """A bug in a step: no more minting here, and the worker ID let go (nothing would
+        give it back to workers any more)."""
+        core = self.core
+        with self._lock:
+            core.ready = []
+            core.stopping = True
+            self.state_due = True
+            try:
+                core.release_all()
+            except Exception:
+                log.exception("the broker's own worker ID could not be released")
 
     def _count(self, now_ns: int) -> bool:
         """Count the region's unheld worker IDs, when it is time to; whether it counted."""
