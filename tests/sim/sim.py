@@ -61,7 +61,7 @@ import orjson
 
 from snowfence import protocol
 from snowfence.broker import own as own_mod
-from snowfence.broker.main import PEER_INTERVAL_S
+from snowfence.broker.main import HOUSEKEEPING_NS, PEER_INTERVAL_S
 from snowfence.broker.peers import verdicts
 from snowfence.broker.routing import Routing
 from snowfence.clock import HostClock as ClockWatch
@@ -1789,8 +1789,9 @@ BURST_SHARE = 0.02
 LINK_NS = 50_000
 #: The simulated etcd's members, as the stores' clients name them.
 ETCD_LABELS = [f"127.0.0.1:{2379 + i}" for i in range(3)]
-#: The broker's loop turns at least this often (broker/main.py's poll timeout).
-BROKER_TICK_NS = 50 * MS
+#: The broker's timers run this often (broker/main.py's HOUSEKEEPING_NS, their period under load;
+#: an idle loop waits up to LOOP_TICK_S for an event first).
+BROKER_TICK_NS = HOUSEKEEPING_NS
 PEER_INTERVAL_NS = int(PEER_INTERVAL_S * NS)
 #: A worker's loop wakes at least this often without a frame (workers/main.py's RCVTIMEO).
 #: The long profile's schedules last this many times longer, with as many more faults.
