@@ -152,13 +152,6 @@ class StateDirBusy(SnowfenceError):
     retriable = True
 
 
-class NoFreeWorkerId(SnowfenceError):
-    """Every worker ID of the region is held by another worker."""
-
-    code = "no_free_worker_id"
-    retriable = True
-
-
 class LeaseLost(SnowfenceError):
     """The worker-ID lease is gone: expired, revoked, or taken over."""
 

@@ -76,7 +76,6 @@ from snowfence.errors import (
     StateDirError,
     TokenAhead,
 )
-from snowfence.store import files as embedded_mod
 from snowfence.store import open_store
 from snowfence.workers import core as core_mod
 from snowfence.workers import keeper as lease_mod
@@ -1826,10 +1825,6 @@ FAULT_KINDS = {
     ],
     "embedded": _COMMON + ["remove_lock"],
 }
-if not hasattr(embedded_mod.FileLease, "check"):
-    # An embedded store that does not re-check its lock cannot survive a lock file
-    # removed underneath; the fault is armed once it does.
-    FAULT_KINDS["embedded"].remove("remove_lock")
 
 
 def run_schedule(

@@ -194,10 +194,6 @@ class CurveServer:
             self.gatekeeper = Gatekeeper(ctx, config.curve_allow, denials)
             self.gatekeeper.start()
 
-    @property
-    def enabled(self) -> bool:
-        return self.secret is not None
-
     def serve_on(self, sock: zmq.Socket) -> None:
         """Make ``sock`` (not yet bound) a CURVE server; no-op without a key."""
         if self.secret is None:

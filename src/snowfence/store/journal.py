@@ -272,10 +272,6 @@ class Journal:
         with self._lock:
             self._went_back(what)
 
-    def refuse_if_went_back(self) -> None:
-        if self.problem is not None:
-            raise StoreWentBack(self.problem)
-
     def check_genesis(
         self,
         genesis: Genesis | None,

@@ -79,9 +79,6 @@ class Core:
         """Whether a request in flight may still be answered (one is not past its deadline)."""
         return any(p.deadline_ns > now_ns for p in self.inflight.values())
 
-    def next_deadline_ns(self) -> int | None:
-        return min((p.deadline_ns for p in self.inflight.values()), default=None)
-
     def abandon(self, pendings) -> None:
         for p in pendings:
             self.inflight.pop(p.request_id, None)
