@@ -66,17 +66,18 @@ class Core:
         self.bad: list[BadRequest] = []
         self.answer = True
 
-    def request(self, meta, addr, body):
-        assert meta == 0 and is_fast_addr(addr)
-        plain = protocol.plain_reserve(body)
-        if plain is None:
-            self.others.append(body)
-            self.port.send(addr, protocol.encode_error(protocol.request_id_of(body), BadRequest("scripted")))
-            return
-        request_id, count = plain
-        self.admitted.append((addr, count, request_id))
-        if self.answer:
-            self.port.send(addr, protocol.encode_block(request_id, 1000, count))
+    def requests(self, batch):
+        for meta, addr, body in batch:
+            assert meta == 0 and is_fast_addr(addr)
+            plain = protocol.plain_reserve(body)
+            if plain is None:
+                self.others.append(body)
+                self.port.send(addr, protocol.encode_error(protocol.request_id_of(body), BadRequest("scripted")))
+                continue
+            request_id, count = plain
+            self.admitted.append((addr, count, request_id))
+            if self.answer:
+                self.port.send(addr, protocol.encode_block(request_id, 1000, count))
 
     def bad_request(self, meta, addr, err):
         self.bad.append(err)
@@ -86,7 +87,7 @@ class Core:
 def core_and_port(**kw) -> tuple[Core, FastPort]:
     """A FastPort on a loopback port the kernel picks, wired to a scripted core."""
     core = Core()
-    core.port = FastPort("127.0.0.1", 0, request=core.request, bad_request=core.bad_request, **kw)
+    core.port = FastPort("127.0.0.1", 0, requests=core.requests, bad_request=core.bad_request, **kw)
     return core, core.port
 
 
@@ -174,7 +175,7 @@ def test_a_fast_ports_requests_go_through_the_routing_cores_intake():
     core.on_worker(
         b"w0", protocol.encode_state(protocol.WorkerState(slot=0, pid=1000, ready=True, ready_ids=1, credits=32))
     )
-    port = FastPort("127.0.0.1", 0, request=core.request, bad_request=core.bad_request)
+    port = FastPort("127.0.0.1", 0, requests=core.requests, bad_request=core.bad_request)
     ports.append(port)
     sock = None
     try:
@@ -352,7 +353,7 @@ def test_a_port_that_cannot_be_bound_is_a_config_error():
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         with pytest.raises(ConfigError, match="cannot bind the fast port"):
-            FastPort("127.0.0.1", taken.getsockname()[1], request=None, bad_request=None)
+            FastPort("127.0.0.1", taken.getsockname()[1], requests=None, bad_request=None)
 
 
 # -- the client's choice -------------------------------------------------------------------------

@@ -95,14 +95,14 @@ def test_frames_in_and_out_and_a_multi_frame_request_is_refused_with_bad_request
 def test_the_frontend_and_the_fast_port_hand_every_request_to_the_cores_one_intake(monkeypatch):
     import socket as pysocket
 
-    intake = Routing.request
+    intake = Routing.requests
     seen: list[tuple[int, bytes, bytes]] = []
 
-    def spy(core, meta, addr, body):
-        seen.append((meta, addr, body))
-        intake(core, meta, addr, body)
+    def spy(core, batch):
+        seen.extend(batch)
+        intake(core, batch)
 
-    monkeypatch.setattr(Routing, "request", spy)
+    monkeypatch.setattr(Routing, "requests", spy)
     ctx = zmq.Context()
     n = next(_names)
     router = Router(ctx, Config(bind="tcp://127.0.0.1:*", fast_bind="auto"), f"inproc://back-{n}")

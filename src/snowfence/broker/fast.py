@@ -75,8 +75,9 @@ class FastPort:
     """The listening socket and its connections; the broker's loop polls ``listen_fd``
     and each connection's descriptor (``by_fd``) and hands their events here.
 
-    ``request`` and ``bad_request`` are the routing core's (:meth:`Routing.request`,
-    its intake of every client request, which counts the fast port's with the rest;
+    ``requests`` and ``bad_request`` are the routing core's (:meth:`Routing.requests`,
+    its intake of every client request, given what each read brought, which counts
+    the fast port's with the rest;
     :meth:`Routing.bad_request`, for a frame that is not a request). ``watch(fd,
     writable)`` and ``unwatch(fd)`` register descriptors with the loop's epoll set."""
 
@@ -85,7 +86,7 @@ class FastPort:
         host: str,
         port: int,
         *,
-        request: Callable[[int, bytes, bytes], None],
+        requests: Callable[[list[tuple[int, bytes, bytes]]], None],
         bad_request: Callable[[int, bytes, BadRequest], None],
         watch: Callable[[int, bool], None] | None = None,
         unwatch: Callable[[int], None] | None = None,
@@ -103,7 +104,7 @@ class FastPort:
         self.listen_fd = self.listener.fileno()
         self.port = self.listener.getsockname()[1]
         self.host = host
-        self._request = request
+        self._requests = requests
         self._bad_request = bad_request
         self.watch = watch or _no_watch
         self.unwatch = unwatch or _no_unwatch
@@ -149,10 +150,9 @@ class FastPort:
             self._bad_request(0, conn.addr, err)
             self._close(conn, flush=True)
             return
-        addr, request = conn.addr, self._request
+        addr = conn.addr
         self.stats["requests"] += len(bodies)
-        for body in bodies:
-            request(0, addr, body)
+        self._requests([(0, addr, body) for body in bodies])
 
     def on_writable(self, fd: int) -> None:
         conn = self.by_fd.get(fd)

@@ -90,7 +90,7 @@ class Router:
         where = fast_address(config.fast_bind, self.endpoint(), bool(config.curve_secret_key))
         if where is not None:
             try:
-                self.fast = FastPort(*where, request=self.core.request, bad_request=self.core.bad_request)
+                self.fast = FastPort(*where, requests=self.core.requests, bad_request=self.core.bad_request)
             except BaseException:
                 self.close()
                 raise
@@ -125,10 +125,10 @@ class Router:
 
     def on_frontend(self) -> None:
         """Up to ``BATCH`` client messages, each one request: to the core's intake
-        (:meth:`Routing.request`)."""
+        (:meth:`Routing.requests`), all at once after the reads."""
         front = self.frontend
         core = self.core
-        request = core.request
+        batch: list[tuple[int, bytes, bytes]] = []
         for _ in range(BATCH):
             try:
                 addr = _recv(front, _NOBLOCK)
@@ -145,6 +145,9 @@ class Router:
             if frame.more:
                 while _recv(front, 0, False).more:
                     pass
+                if batch:  # those before it first: its answer comes after theirs
+                    core.requests(batch)
+                    batch = []
                 core.bad_request(
                     meta, addr, BadRequest("a request is one body frame, optionally after one empty delimiter")
                 )
@@ -155,7 +158,9 @@ class Router:
                 # and counted as a bad request, not as a request.
                 core.counters["bad_request"] += 1
                 continue
-            request(meta, addr, body)
+            batch.append((meta, addr, body))
+        if batch:
+            core.requests(batch)
 
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
         if is_fast_addr(addr):

@@ -33,11 +33,14 @@ simulator) gives it two send functions and a clock::
 
 and feeds it what arrives, each call returning once its output has gone out:
 
-``request(meta, addr, body)``
-    one client request (``meta``: :data:`~snowfence.protocol.META_DELIMITED` if
-    it came after an empty delimiter): the one intake of every adapter (the
-    ZeroMQ frontend, the fast port, the simulator). It counts the request, sends
-    a plain RESERVE to :meth:`admit` and the rest to :meth:`slow_request`.
+``requests(batch)``, ``request(meta, addr, body)``
+    client requests, each ``(meta, addr, body)`` (``meta``:
+    :data:`~snowfence.protocol.META_DELIMITED` if it came after an empty
+    delimiter), in the order they came; ``request`` is the batch of one. The
+    one intake of every adapter (the ZeroMQ frontend passes the requests of
+    one turn of its reads, the fast port those of one read, the simulator one
+    at a time): it counts each request, sends a plain RESERVE to :meth:`admit`
+    and the rest to :meth:`slow_request`.
 ``bad_request(meta, addr, err)``
     a client message that is not one request (the adapter's framing); not
     counted among the requests.
@@ -246,18 +249,28 @@ class Routing:
 
     # -- clients ----------------------------------------------------------------------
 
-    def request(self, meta: int, addr: bytes, body: bytes) -> None:
-        """One client request, as the adapter framed it: the intake every adapter calls.
+    def requests(self, batch: list[tuple[int, bytes, bytes]]) -> None:
+        """Client requests, each ``(meta, addr, body)`` as the adapter framed it, in the
+        order they came: the intake every adapter calls.
 
-        A plain RESERVE goes to :meth:`admit`, and one minted here or sent to a
-        worker at once is counted as having waited 0 s; any other request goes to
-        :meth:`slow_request`."""
-        self.counters["requests"] += 1
-        plain = _plain_reserve(body)
-        if plain is None:
-            self.slow_request(meta, addr, body)
-        elif self.admit(meta, addr, body, plain[1], plain[0]):
-            self._waited_zero[0] += 1
+        Each is counted; a plain RESERVE goes to :meth:`admit`, and one minted here
+        or sent to a worker at once is counted as having waited 0 s; any other
+        request goes to :meth:`slow_request`."""
+        self.counters["requests"] += len(batch)
+        admit = self.admit
+        at_once = 0
+        for meta, addr, body in batch:
+            plain = _plain_reserve(body)
+            if plain is None:
+                self.slow_request(meta, addr, body)
+            elif admit(meta, addr, body, plain[1], plain[0]):
+                at_once += 1
+        if at_once:
+            self._waited_zero[0] += at_once
+
+    def request(self, meta: int, addr: bytes, body: bytes) -> None:
+        """One client request: :meth:`requests` of one."""
+        self.requests([(meta, addr, body)])
 
     def bad_request(self, meta: int, addr: bytes, err: BadRequest) -> None:
         self.counters["bad_request"] += 1
