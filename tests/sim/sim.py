@@ -52,6 +52,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -64,6 +65,7 @@ from snowfence.broker import own as own_mod
 from snowfence.broker.main import HOUSEKEEPING_NS, PEER_INTERVAL_S
 from snowfence.broker.peers import verdicts
 from snowfence.broker.routing import Routing
+from snowfence.broker.supervisor import Supervisor
 from snowfence.clock import HostClock as ClockWatch
 from snowfence.clock import pending_verdict
 from snowfence.config import Config
@@ -275,6 +277,8 @@ class Proc:
         #: Frames its broker sent that the loop has not taken yet, oldest first.
         self.inbox: collections.deque[bytes] = collections.deque()
         #: When a tick is due for the core's next claim (true time), if one is scheduled.
+        #: The exit status of its last process (what the supervisor reaps).
+        self.exit_status: int | None = None
         #: Which wait of the loop is current (a turn begins a new one; an older one's end is void).
         self.wait_id = 0
         #: The request the process is answering (its loop is busy until it has), and its causal token.
@@ -312,6 +316,32 @@ class Proc:
         return self.node.clock.mono()
 
 
+class SimPopen:
+    """A worker process as the real supervisor sees it (the part of ``subprocess.Popen``
+    it uses): its exit status once that incarnation of the process is gone, and signals."""
+
+    def __init__(self, world: World, p: Proc) -> None:
+        self.world = world
+        self.p = p
+        self.inc = p.inc
+        self.pid = p.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        p = self.p
+        if self.returncode is None and (p.inc != self.inc or not p.up):
+            self.returncode = p.exit_status
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is not None:
+            raise ProcessLookupError(self.pid)
+        self.world.signal(self.p, sig)
+
+    def wait(self) -> int | None:
+        return self.poll()  # a SIGKILL takes effect at once here
+
+
 class Broker:
     """A host's broker: the real routing core, its sockets and its loop simulated.
 
@@ -338,17 +368,11 @@ class Broker:
         self.world = world
         self.node = node
         self.config = config
-        #: PIDs of the host's worker processes that are running (the supervisor's view).
-        self.live: set[int] = set()
         self.procs: dict[bytes, Proc] = {}
-        self.core = Routing(
-            config,
-            self.to_client,
-            self.to_worker,
-            clock=node.clock.mono,
-            wall_clock=node.clock.wall,
-            live_pids=self.live,
-        )
+        #: The worker slots the node's supervisor fills (a second cluster's process, started
+        #: later on this host, is not one of them).
+        self.supervised: list[Proc] = list(node.procs)
+        self.boot()
         #: When a STATE from each worker last arrived (the host's monotonic ns).
         self.stated: dict[bytes, int] = {}
         #: Requests sent to each worker and not yet answered or handed back by it.
@@ -376,24 +400,85 @@ class Broker:
         self.proc: Proc | None = Proc(world, node, own_mod.SLOT, config) if config.broker_mint_max_ids else None
         self.own: own_mod.OwnWorkerId | None = None
 
-    # -- the process side: the supervisor
+    # -- the process side: the real supervisor, with a simulated spawner
+    def boot(self) -> None:
+        """The broker process starts: its routing core and its supervisor (broker/main.py's
+        wiring: the supervisor's live PIDs are the core's, its stop and exit callbacks
+        the same). The worker processes start at the supervisor's ``start``."""
+        node, config = self.node, self.config
+        self.sup = Supervisor(
+            config,
+            self.spawn,
+            slots=len(self.supervised),
+            clock=node.clock.mono,
+            on_stop=self.on_stop,
+            on_exit=self.on_exit,
+        )
+        #: PIDs of the host's worker processes that are running (the supervisor's view).
+        self.live = self.sup.live_pids
+        self.core = Routing(
+            config,
+            self.to_client,
+            self.to_worker,
+            clock=node.clock.mono,
+            wall_clock=node.clock.wall,
+            live_pids=self.live,
+        )
+        self.running = True
+
+    def spawn(self, slot: int) -> SimPopen:
+        p = self.supervised[slot]
+        self.world.start(p)
+        return SimPopen(self.world, p)
+
+    def on_stop(self) -> None:
+        self.core.stop_accepting()
+        self.core.broadcast(protocol.STOP_FRAME)
+
+    def on_exit(self, pid: int) -> None:
+        self.core.forget_pid(pid, "process exited")
+
     def started(self, p: Proc) -> None:
         self.live.add(p.pid)
         self.procs[p.ident] = p
 
     def exited(self, p: Proc) -> None:
-        """The process is gone: the supervisor reaps it at a turn of its loop."""
+        """The process is gone: SIGCHLD; the supervisor reaps it at its next tick."""
+        if p in self.supervised:
+            self.sup.enqueue(signal.SIGCHLD)
+            return
         self.live.discard(p.pid)
         w = self.world
         w.at(w.T + w.rng.randrange(1, BROKER_TICK_NS), None, self.core.forget_pid, p.pid, "exited")
+
+    def halted(self) -> None:
+        """The supervisor stopped the node (a worker could not boot): the broker exits, its
+        own worker ID let go; an operator starts the node again after a look."""
+        w = self.world
+        self.running = False
+        w.counts["node_halts"] = w.counts.get("node_halts", 0) + 1
+        if self.own is not None:
+            w.stop_own(self)
+        w.at(w.T + w.rng2.randrange(NS, 3 * NS), None, self.restart_node)
+
+    def restart_node(self) -> None:
+        self.boot()
+        self.sup.start()
+        if self.proc is not None:
+            self.world.start_own(self)
 
     # -- the loop
     def tick(self) -> None:
         w = self.world
         w.at(w.T + BROKER_TICK_NS, None, self.tick)
+        if not self.running:
+            return
         now = self.node.clock.mono()
         if self.peer_bound_ns and now >= self.next_peer_ns:
             self.judge_clock(now)
+        if not self.sup.tick(now, self.core.heard):
+            self.halted()
+            return
         self.core.tick(now)
 
     def judge_clock(self, now: int) -> None:
@@ -1108,10 +1193,39 @@ class World:
         """SIGKILL: the kernel drops the file locks; the minters' memory is gone; etcd leases lapse."""
         if not p.up:
             return
-        self.exit(p)
+        self.exit(p, -signal.SIGKILL)
 
-    def exit(self, p: Proc) -> None:
+    def signal(self, p: Proc, sig: int) -> None:
+        """A signal from the supervisor: SIGTERM is acted on at the loop's next turn (the
+        handler only queues it), SIGCONT resumes a stopped process, SIGKILL kills."""
+        if sig == signal.SIGKILL:
+            self.crash(p)
+        elif sig == signal.SIGCONT:
+            p.paused_until = min(p.paused_until, self.T)
+        elif sig == signal.SIGTERM:
+            self.at(self.T, p.loop, self.sigterm, p)
+
+    def sigterm(self, p: Proc) -> None:
+        if p.up:
+            p.core.stop("stopping", "signal received; draining")
+            self.worker_ends(p)
+
+    def worker_ends(self, p: Proc) -> None:
+        """The core is stopping: workers/main.py's loop ends, then it releases what it holds,
+        sends its last STATE and exits with the core's status."""
+        core = p.core
+        if core.boot_error is not None:
+            self.boot_failed(p)
+            return
+        if core.stop_name == "orphaned" and p.node.broker.running:
+            raise Violation(f"worker {p.holder} left its broker, which was running: {core.reason}")
+        self.run_on_loop(p, core.release_all)
+        self.run_on_loop(p, core.send_state)
+        self.exit(p, core.exit_code)
+
+    def exit(self, p: Proc, status: int = 0) -> None:
         """The process is gone: its keepers with it, and (embedded) the kernel drops its locks."""
+        p.exit_status = status
         for h in p.held:
             h.keeper.stopped = True
             if self.kind == "embedded":
@@ -1131,7 +1245,7 @@ class World:
             return
         self.run_on_loop(p, p.core.release_all)
         self.run_on_loop(p, p.core.send_state)  # as workers/main.py does last
-        self.exit(p)
+        self.exit(p, 0)
 
     def run_on_loop(self, p: Proc, fn) -> None:
         """Run ``fn`` now on ``p``'s loop thread (as its signal handler's turn would)."""
@@ -1168,7 +1282,7 @@ class World:
         if (core.counters["claims"], core.next_claim_ns, len(core.held)) != before:
             self.marks_dirty = True  # a claim was tried (it may write marks), or a worker ID dropped
         if core.stopping:
-            self.boot_failed(p)
+            self.worker_ends(p)
             return
         p.wait_id += 1
         self.at(self.T + max(int(wait_ms * MS / p.node.clock.rate), 1), p.loop, self.timed_out, p, p.wait_id)
@@ -1215,28 +1329,27 @@ class World:
             self.last_ids[self.rng.randrange(64)] = first
 
     def boot_failed(self, p: Proc) -> None:
-        """The core refused to go on (exit status 73 or 78): the process exits; its supervisor
-        starts it again later, as an operator would after looking."""
+        """The core refused to go on (exit status 73 or 78): the process exits with it, and its
+        supervisor halts the node (an operator starts it again after a look)."""
         core = p.core
         exc = core.boot_error
         if core.exit_code == Exit.OK or exc is None:
             raise Violation(f"a worker stopped with no reason given (exit {core.exit_code})")
+        supervised = p in p.node.broker.supervised
         if isinstance(exc, LayoutMismatch) and "is claimed by cluster" in str(exc):
             # A region another cluster holds: refused by name, and again at each restart
             # (the operator is to fix the flag); nothing for accept-restore to do.
             self.counts["region_refused"] = self.counts.get("region_refused", 0) + 1
-            core.release_all()
-            self.exit(p)
-            self.at(self.T + self.rng2.randrange(NS, 3 * NS), None, self.restart, p)
-            return
-        if not isinstance(exc, (LayoutMismatch, StateDirError)) or "is missing" not in str(exc):
+        elif isinstance(exc, (LayoutMismatch, StateDirError)) and "is missing" in str(exc):
+            # The layout record was deleted while marks remain: refusing to boot is the design;
+            # the operator is to act.
+            self.boot_refusals.append(str(exc))
+        else:
             raise Violation(f"a worker could not boot: {exc}")
-        # The layout record was deleted while marks remain: refusing to boot is the design
-        # (the real supervisor halts the node); the operator is to act.
-        self.boot_refusals.append(str(exc))
         core.release_all()
-        self.exit(p)
-        self.at(self.T + self.rng.randrange(NS, 3 * NS), None, self.restart, p)
+        self.exit(p, core.exit_code)
+        if not supervised:  # a second cluster's process: its own node, started again by hand
+            self.at(self.T + self.rng2.randrange(NS, 3 * NS), None, self.restart, p)
 
     # -- the broker's own worker ID: broker/own.py's OwnWorkerId, its thread's steps simulated
     def start_own(self, b: Broker) -> None:
@@ -1288,6 +1401,20 @@ class World:
         b.own = own
         b.core.mint_here(own.mint, config.broker_mint_max_ids)
         self.at(self.T + int(own_mod.TICK_S * NS), p.loop, self.own_step, b)
+
+    def stop_own(self, b: Broker, release: bool = True) -> None:
+        """The broker exits: its own worker ID released (``OwnWorkerId.stop``'s plan), or
+        just gone with the process."""
+        p, own = b.proc, b.own
+        if release and p.up:
+            self.run_on_loop(p, own.core.release_all)
+        for h in p.held:
+            h.keeper.stopped = True
+            if self.kind == "embedded":
+                h.lease.abandon()
+        p.up = False
+        p.inc += 1
+        b.own = None
 
     def own_step(self, b: Broker) -> None:
         """One turn of the own worker ID's thread (``OwnWorkerId.step``), every TICK_S."""
@@ -1713,7 +1840,9 @@ class World:
             self._member_up(m)
 
     def restart(self, p: Proc) -> None:
-        if not p.up:
+        """A process a fault stopped starts again: a node's worker when its supervisor says
+        (after its back-off), a second cluster's process here."""
+        if not p.up and p not in p.node.broker.supervised:
             self.start(p)
 
     # -- a whole schedule
@@ -1725,8 +1854,8 @@ class World:
         for c in ("refused", "claims"):
             self.counts[c] = 0
         try:
-            for p in self.procs:
-                self.at(rng.randrange(NS // 10), None, self.start, p)
+            for node in self.nodes:
+                self.at(rng.randrange(NS // 10), None, node.broker.sup.start)
             for node in self.nodes:
                 if node.broker.proc is not None:
                     self.at(rng.randrange(NS // 10), None, self.start_own, node.broker)
@@ -1742,13 +1871,8 @@ class World:
             if p.up:
                 self.exit(p)
         for node in self.nodes:
-            p = node.broker.proc
-            if p is not None and p.up:
-                for h in p.held:
-                    h.keeper.stopped = True
-                    if self.kind == "embedded":
-                        h.lease.abandon()
-                p.up = False
+            if node.broker.own is not None:
+                self.stop_own(node.broker, release=False)
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             shutil.rmtree(self.tmp + "-journal", ignore_errors=True)

@@ -108,11 +108,14 @@ class Supervisor:
         clock: Callable[[], int] = time.monotonic_ns,
         on_stop: Callable[[], None] = _no_op,
         on_exit: Callable[[int], None] = _no_op,
+        slots: int | None = None,
     ) -> None:
         self.config = config
         self.spawner = spawner
         self.clock = clock
-        self.procs = [Proc(slot) for slot in range(config.worker_count)]
+        #: ``slots``: how many worker slots, if not the configuration's worker count (the
+        #: simulator runs more processes than a region has worker IDs, which no node may).
+        self.procs = [Proc(slot) for slot in range(config.worker_count if slots is None else slots)]
         #: Signals received and not yet dispatched, oldest first (at most MAX_PENDING_SIGNALS).
         self.signals: deque[int] = deque()
         #: Signals dropped because MAX_PENDING_SIGNALS were waiting; logged at the next dispatch.

@@ -255,6 +255,8 @@ class WorkerCore:
         #: Why the core refused to go on, if it did (the exit status says which kind).
         self.boot_error: ConfigError | None = None
         self.stopping = False
+        #: Why it is leaving, by the event's name ("stopping", "orphaned", ...), once it is.
+        self.stop_name: str | None = None
         self.reason = "claiming a worker ID"
         self.next_claim_ns = 0
         #: The earliest a claim may ask the store again after a failed one (its back-off).
@@ -455,6 +457,7 @@ class WorkerCore:
         """Leave: drain what is queued, release, exit (logged once)."""
         if not self.stopping:
             event(log, name, why, level=logging.WARNING if name == "orphaned" else logging.INFO)
+            self.stop_name = name
         self.stopping = True
 
     def advance(self, held: Held, now_ns: int) -> None:
