@@ -358,6 +358,22 @@ MUTANTS = [
         (Edit(R + "own:spare_rule", "return GIVE_BACK if free == 0 else KEEP", "return KEEP"),),
     ),
     Mutant(
+        "supervisor-never-kills",
+        "the supervisor leaves a silent worker running",
+        (
+            Edit(
+                R + "supervisor:Supervisor.watch_silence",
+                "            if now_ns - heard_ns <= limit_ns:",
+                "            if True:",
+            ),
+        ),
+    ),
+    Mutant(
+        "supervisor-restarts-boot-errors",
+        "the supervisor restarts a worker that cannot boot instead of halting the node",
+        (Edit(R + "supervisor:Supervisor.reap", "            if status in HALT:", "            if False:"),),
+    ),
+    Mutant(
         "loop-turn-deaf",
         "the worker loop's turn does not note a frame from the broker as word from it",
         (Edit(M + "core:WorkerCore.turn", "            self.heard = True\n", ""),),

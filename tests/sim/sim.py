@@ -82,7 +82,7 @@ from snowfence.store import open_store
 from snowfence.workers import core as core_mod
 from snowfence.workers import keeper as lease_mod
 from snowfence.workers.core import Clocks, WorkerCore, preference_files
-from snowfence.workers.exits import Exit
+from snowfence.workers.exits import HALT, Exit
 from snowfence.workers.minter import NO_FLOOR, Minter
 
 # The simulated etcd server, shared with the unit tests (run.py runs this file without pytest's path).
@@ -277,8 +277,10 @@ class Proc:
         #: Frames its broker sent that the loop has not taken yet, oldest first.
         self.inbox: collections.deque[bytes] = collections.deque()
         #: When a tick is due for the core's next claim (true time), if one is scheduled.
-        #: The exit status of its last process (what the supervisor reaps).
+        #: The exit status of its last process (what the supervisor reaps), and when (the host's
+        #: monotonic ns) its current one started.
         self.exit_status: int | None = None
+        self.started_mono = 0
         #: Which wait of the loop is current (a turn begins a new one; an older one's end is void).
         self.wait_id = 0
         #: The request the process is answering (its loop is busy until it has), and its causal token.
@@ -425,9 +427,17 @@ class Broker:
             live_pids=self.live,
         )
         self.running = True
+        # A second cluster's process on this host is no worker of this node's supervisor: the
+        # broker it talks to (this one, in the simulator) knows it as running all along.
+        self.live.update(q.pid for q in self.procs.values() if q.up and q not in self.supervised)
 
     def spawn(self, slot: int) -> SimPopen:
         p = self.supervised[slot]
+        if self.sup.procs[slot].last_exit in HALT:
+            self.world.checker.fail(
+                f"the supervisor restarted worker {p.holder}, which exited with {self.sup.procs[slot].last_exit} "
+                "(it cannot boot: the node halts)"
+            )
         self.world.start(p)
         return SimPopen(self.world, p)
 
@@ -479,7 +489,20 @@ class Broker:
         if not self.sup.tick(now, self.core.heard):
             self.halted()
             return
+        self.check_silence(now)
         self.core.tick(now)
+
+    def check_silence(self, now: int) -> None:
+        """A worker whose STATE has not come for the supervisor's kill bound and the grace
+        after it is gone (killed, or restarted) by now."""
+        limit = int((self.config.worker_kill_after_s + self.config.shutdown_timeout_s) * NS) + 2 * BROKER_TICK_NS
+        for p in self.supervised:
+            silent = now - max(self.stated.get(p.ident, 0), p.started_mono)
+            if p.up and silent > limit:
+                self.world.checker.fail(
+                    f"worker {p.holder} silent for {silent / NS:.1f} s "
+                    f"is still running (the supervisor kills one silent for {self.config.worker_kill_after_s:g} s)"
+                )
 
     def judge_clock(self, now: int) -> None:
         """The peers' verdicts on this host's clock (broker/peers.py), measured every
@@ -1149,6 +1172,7 @@ class World:
         p.paused_until = 0
         p.pause_in_call = 0
         p.loop = Thread(p, "loop")
+        p.started_mono = p.node.clock.mono()
         p.pid = 1000 + (p.inc << 8) + (p.node.index << 4) + p.slot
         p.ident = f"w{p.slot}-{p.pid}".encode()
         p.inbox.clear()
@@ -1222,6 +1246,8 @@ class World:
         self.run_on_loop(p, core.release_all)
         self.run_on_loop(p, core.send_state)
         self.exit(p, core.exit_code)
+        if p not in p.node.broker.supervised:  # a second cluster's process: started again by hand
+            self.at(self.T + self.rng2.randrange(NS, 3 * NS), None, self.restart, p)
 
     def exit(self, p: Proc, status: int = 0) -> None:
         """The process is gone: its keepers with it, and (embedded) the kernel drops its locks."""

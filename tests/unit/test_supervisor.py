@@ -225,6 +225,22 @@ def test_a_worker_silent_past_the_limit_gets_sigterm_and_sigcont_then_sigkill_af
     assert r.sup.kills == 1
 
 
+def test_a_silent_workers_kill_ends_on_time_when_the_node_begins_to_stop_meanwhile(rig):
+    # Found by the simulator: a node halting (another worker could not boot) after a silent
+    # worker was sent SIGTERM left that worker running until the node's own, later deadline.
+    r = rig(obeys_sigterm=False, worker_kill_after_s=5.0, shutdown_timeout_s=2.0, heartbeat_timeout_s=3.0)
+    quiet, talker = r.proc(0), r.proc(1)
+    for _ in range(510):
+        r.heard[talker.pid] = r.now_ns
+        r.run_for(0.01)
+    assert quiet.signals == [signal.SIGTERM, signal.SIGCONT]
+    r.run_for(1.0)
+    r.sup.begin_stop("worker slot 1 cannot boot")  # its deadline: 2 s from now
+    for _ in range(110):  # the silent worker's grace ends 1 s into the node's
+        r.run_for(0.01)
+    assert quiet.signals[-1] == signal.SIGKILL, quiet.signals
+
+
 def test_a_worker_that_stops_at_sigterm_is_not_sent_sigkill(rig):
     r = rig(workers=1, worker_kill_after_s=5.0, shutdown_timeout_s=2.0)
     quiet = r.proc(0)

@@ -237,20 +237,22 @@ class Supervisor:
             for proc in self.procs:
                 proc.started_ns = max(proc.started_ns, now_ns - int(self.config.heartbeat_interval_s * 1e9))
         self._last_tick_ns = now_ns
-        if self.stopping:
-            return
         limit_ns = int(self.config.worker_kill_after_s * 1e9)
         for proc in self.procs:
             popen = proc.popen
             if popen is None or popen.returncode is not None:
                 continue
             if proc.kill_at_ns is not None:
+                # A kill under way ends on time, whether or not the node began to stop since
+                # (its own deadline may come later).
                 if now_ns >= proc.kill_at_ns:
                     self._signal(popen, signal.SIGKILL)
                     # Sent: one kill, however long the kernel takes to carry it out
                     # (a process in uninterruptible I/O); reaping clears it.
                     proc.kill_at_ns = SIGKILL_SENT
                 continue
+            if self.stopping:
+                continue  # every worker was sent SIGTERM; the node's deadline covers them
             heard_ns = max(heard.get(popen.pid, 0), self._resumed_ns, proc.started_ns)
             silent_s = (now_ns - heard_ns) / 1e9
             if now_ns - heard_ns <= limit_ns:
