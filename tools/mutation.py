@@ -3,7 +3,7 @@
     python tools/mutation.py run [FILE ...]     # mutmut on each file (default: all configured)
     python tools/mutation.py report [FILE ...]  # scores, and every survivor not listed
 
-FILE is a path or a file name (``minter``, ``lease``, ...) among those that
+FILE is a path or a file name (``minter``, ``keeper``, ...) among those that
 ``[tool.mutmut] only_mutate`` in ``pyproject.toml`` names; mutmut (``pip install
 -e '.[mutation]'``) runs the unit tests against each mutant, in a copy of the
 project under ``mutants/``. ``run`` tests each file's mutants afresh, one file

@@ -187,8 +187,8 @@ MUTANTS = [
         (
             Edit(
                 M + "keeper:Keeper.step",
-                "                self.lost = exc\n                self.minter.fence_deadline_ns = -1\n",
-                "                self.lost = exc\n",
+                "            self.lost = exc\n            self.minter.fence_deadline_ns = -1\n",
+                "            self.lost = exc\n",
             ),
         ),
     ),
@@ -356,6 +356,22 @@ MUTANTS = [
         "own-never-gives-back",
         "the broker keeps its own worker ID when no other of the region is free",
         (Edit(R + "own:spare_rule", "return GIVE_BACK if free == 0 else KEEP", "return KEEP"),),
+    ),
+    Mutant(
+        "intake-token-as-plain",
+        "the routing core's intake (what the ZeroMQ frontend and the fast port call) admits a RESERVE with a "
+        "causal token as a plain one, which the broker may mint itself without the token",
+        (
+            Edit(
+                R + "routing:Routing.requests",
+                "            if plain is None:\n                self.slow_request(meta, addr, body)\n",
+                "            if plain is None and body[1] != protocol.RESERVE:\n"
+                "                self.slow_request(meta, addr, body)\n"
+                "            elif plain is None:\n"
+                "                r = protocol.decode_request(body)\n"
+                "                admit(meta, addr, body, r.count, r.request_id)\n",
+            ),
+        ),
     ),
     Mutant(
         "supervisor-never-kills",

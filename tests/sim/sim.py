@@ -277,6 +277,8 @@ class Proc:
         #: Frames its broker sent that the loop has not taken yet, oldest first.
         self.inbox: collections.deque[bytes] = collections.deque()
         #: When a tick is due for the core's next claim (true time), if one is scheduled.
+        #: Embedded: the leases its stores made, whose descriptors its exit closes.
+        self.leases: list = []
         #: The exit status of its last process (what the supervisor reaps), and when (the host's
         #: monotonic ns) its current one started.
         self.exit_status: int | None = None
@@ -1185,6 +1187,7 @@ class World:
             etcd_client=lambda: FakeClient(self, p, ETCD_LABELS, config.etcd_timeout_s),
         )
         store.claim = functools.partial(self.claim, p, store.claim)
+        self.track_leases(p, store)
         p.core = WorkerCore(
             config,
             slot=p.slot,
@@ -1212,6 +1215,27 @@ class World:
         # The loop's first wait for a frame (workers/main.py sets RCVTIMEO before it).
         p.wait_id += 1
         self.at(self.T + core_mod.IDLE_WAIT_MS * MS, p.loop, self.timed_out, p, p.wait_id)
+
+    def track_leases(self, p: Proc, store) -> None:
+        """Embedded: every lease the process's store makes holds descriptors (the lock file,
+        the witness sockets) that the kernel closes when the process dies, wherever it was;
+        kept here so that its exit closes them all, not only those its core holds."""
+        if self.kind != "embedded":
+            return
+        make = store._claim
+
+        def _claim(*args, **kwargs):
+            lease = make(*args, **kwargs)
+            if lease is not None:
+                p.leases.append(lease)
+            return lease
+
+        store._claim = _claim
+
+    def close_descriptors(self, p: Proc) -> None:
+        for lease in p.leases:
+            lease.abandon()  # does nothing to one released already
+        p.leases.clear()
 
     def crash(self, p: Proc) -> None:
         """SIGKILL: the kernel drops the file locks; the minters' memory is gone; etcd leases lapse."""
@@ -1254,8 +1278,7 @@ class World:
         p.exit_status = status
         for h in p.held:
             h.keeper.stopped = True
-            if self.kind == "embedded":
-                h.lease.abandon()
+        self.close_descriptors(p)
         p.up = False
         p.inc += 1
         p.inbox.clear()
@@ -1398,6 +1421,7 @@ class World:
                 ),
             )
             store.claim = functools.partial(self.claim, p, store.claim)
+            self.track_leases(p, store)
             return store
 
         own = own_mod.OwnWorkerId(
@@ -1436,8 +1460,7 @@ class World:
             self.run_on_loop(p, own.core.release_all)
         for h in p.held:
             h.keeper.stopped = True
-            if self.kind == "embedded":
-                h.lease.abandon()
+        self.close_descriptors(p)
         p.up = False
         p.inc += 1
         b.own = None

@@ -158,12 +158,3 @@ def test_only_the_socket_adapters_import_zmq():
     assert importers_of("zmq") <= SOCKET_ADAPTERS, importers_of("zmq") - SOCKET_ADAPTERS
     assert "snowfence.workers.core" not in importers_of("zmq")
     assert "snowfence.broker.routing" not in importers_of("zmq")
-
-
-def test_the_simulator_runs_the_worker_and_routing_cores_and_keeps_no_copy_of_either_loop():
-    sim = (SRC.parent / "tests" / "sim" / "sim.py").read_text()
-    assert "from snowfence.workers.core import" in sim and "WorkerCore(" in sim
-    assert "next_state(" not in sim and "\nTICK_NS =" not in sim and "class Held" not in sim
-    assert "from snowfence.broker.routing import Routing" in sim and "Routing(" in sim
-    # The worker is picked by the routing core, never by the simulator.
-    assert "def pick" not in sim and ".rotation" not in sim
