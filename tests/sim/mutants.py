@@ -428,7 +428,7 @@ MUTANTS = [
 #:   than the new one's bound mints through a partition, both on the same worker ID; the
 #:   delete-under-a-cut fault makes the first two, and 1,400 schedules of 60 s did not
 #:   make the last; held by tests/integration/test_partition.py (a prefix deleted under a
-#:   cut-off long-window node) and tests/unit/test_region_claims.py.
+#:   cut-off long-window node) and tests/unit/store/test_region_claims.py.
 #: Their refusals are tested where they are named (tests/unit/test_journal.py,
 #: tests/integration/test_store_forgets.py).
 
