@@ -151,7 +151,7 @@ def test_workers_come_first_a_broker_gives_its_worker_id_back_to_a_node_that_nee
     b.wait_ready(2, timeout_s=30)  # both of b's workers hold a worker ID
     status = own(a)
     assert own_ids(a) == [] and status["gave_back"] == 1, status
-    assert "inline_gave_back" in a.log() and own_ids(b) == []  # none left for b's broker either
+    assert "own_worker_id_gave_back" in a.log() and own_ids(b) == []  # none left for b's broker either
     assert a_broker_id in workers_ids(b)
     with b.client() as c:
         later = [blk for _ in range(20) for blk in c.reserve(1)]

@@ -1449,7 +1449,7 @@ class World:
             return
         p.core = own.core
         b.own = own
-        b.core.mint_here(own.mint, config.broker_mint_max_ids)
+        b.core.mint_own(own.mint, config.broker_mint_max_ids)
         self.at(self.T + int(own_mod.TICK_S * NS), p.loop, self.own_step, b)
 
     def stop_own(self, b: Broker, release: bool = True) -> None:

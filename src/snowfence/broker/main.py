@@ -396,7 +396,7 @@ class Node:
         )
         if own.start():
             self.own = own
-            self.router.core.mint_here(own.mint, self.config.broker_mint_max_ids)
+            self.router.core.mint_own(own.mint, self.config.broker_mint_max_ids)
 
     def workers_settled(self) -> bool:
         """Every worker process of this node is connected and holds all its worker IDs.

@@ -9,7 +9,7 @@ claim, lease, keeper, fence, mark, journal and states), asked for one worker ID.
 Two things differ, both because the broker's loop must never wait:
 
 * the core's timers and claims (store calls that may take seconds) run on a
-  thread of their own, ``snowfence-inline``, under a lock; the loop mints only
+  thread of their own, ``snowfence-own``, under a lock; the loop mints only
   if it can take that lock at once, and otherwise the request goes to a worker;
 * its minter may not wait (:class:`~snowfence.workers.minter.WouldWait`): where
   a worker's would sleep (a millisecond used up, a clock a few ms behind), it
@@ -162,7 +162,7 @@ class OwnWorkerId:
         except ConfigError as exc:
             event(
                 log,
-                "inline_disabled",
+                "own_worker_id_disabled",
                 f"the broker mints no requests itself: {exc}",
                 level=logging.WARNING,
             )
@@ -309,7 +309,7 @@ class OwnWorkerId:
                 # directory refused): the workers say so too; it mints nothing.
                 event(
                     log,
-                    "inline_disabled",
+                    "own_worker_id_disabled",
                     f"the broker mints no requests itself: {core.reason}",
                     level=logging.WARNING,
                 )
@@ -357,7 +357,7 @@ class OwnWorkerId:
             self.gave_back += 1
             event(
                 log,
-                "inline_gave_back",
+                "own_worker_id_gave_back",
                 f"the broker gave its own worker ID {worker_ids} back: no other worker ID of region "
                 f"{self.config.region} is free, and workers come first",
                 level=logging.WARNING,

@@ -53,8 +53,8 @@ and feeds it what arrives, each call returning once its output has gone out:
     a worker process is gone.
 ``stop_accepting()``, ``broadcast(frame)``, ``veto``
     the node stops; or its clock must not be trusted (``veto`` set to why).
-``mint_here(mint, max_ids)``
-    the broker's own worker ID (``workers/inline.py``) answers plain requests of
+``mint_own(mint, max_ids)``
+    the broker's own worker ID (``broker/own.py``) answers plain requests of
     up to ``max_ids`` IDs when ``mint(n)`` can at once; otherwise they go on.
 
 and reads: :meth:`status` (STATUS), :attr:`heard` (for the supervisor),
@@ -236,10 +236,10 @@ class Routing:
         }
         self._next_bad_state_log_ns = 0
         self.max_inflight = config.max_inflight_per_client
-        #: The broker's own minting (:meth:`mint_here`): plain requests of up to
-        #: ``_here_max`` IDs, answered without a worker when it can.
-        self._mint_here: Callable[[int], tuple[int, int] | None] | None = None
-        self._here_max = 0
+        #: The broker's own minting (:meth:`mint_own`): plain requests of up to
+        #: ``_own_max`` IDs, answered without a worker when it can.
+        self._mint_own: Callable[[int], tuple[int, int] | None] | None = None
+        self._own_max = 0
         self.metrics = metrics
         #: How long requests waited here for a worker with room, by kind (index: has a
         #: causal token), one observation each time one is sent to a worker.
@@ -293,19 +293,19 @@ class Routing:
         elif self.admit(meta, addr, body, request.count):
             self.queued_ns[request.after is not None].counts[0] += 1
 
-    def mint_here(self, mint: Callable[[int], tuple[int, int] | None], max_ids: int) -> None:
+    def mint_own(self, mint: Callable[[int], tuple[int, int] | None], max_ids: int) -> None:
         """Let the broker answer plain requests of up to ``max_ids`` IDs itself: ``mint(n)``
         returns ``(first, count)`` minted at once, or None (never waiting), and the
         request then goes to a worker as any other."""
-        self._mint_here = mint
-        self._here_max = max_ids if mint is not None else 0
+        self._mint_own = mint
+        self._own_max = max_ids if mint is not None else 0
 
     def admit(self, meta: int, addr: bytes, body: bytes, count: int, request_id: int | None = None) -> bool:
         """Take a new RESERVE of ``count`` IDs and decide where it goes.
 
         This is the one place a request's destination is decided: ``overloaded``
         at once, the broker's own minter (a plain request, ``request_id`` given, of
-        up to ``broker_mint_max_ids``; see :meth:`mint_here`), a worker now, or its
+        up to ``broker_mint_max_ids``; see :meth:`mint_own`), a worker now, or its
         connection's queue (from which :meth:`schedule` places it, or
         :meth:`refuse_waiting` answers it). A request with a causal token or other
         options (``request_id`` None) always goes to a worker.
@@ -318,8 +318,8 @@ class Routing:
         elif conn.inflight >= self.max_inflight:
             self.overloaded(meta, addr, body, conn)
             return False
-        if request_id is not None and count <= self._here_max and self.veto is None and self.accepting:
-            minted = self._mint_here(count)
+        if request_id is not None and count <= self._own_max and self.veto is None and self.accepting:
+            minted = self._mint_own(count)
             if minted is not None:
                 first, got = minted
                 counters = self.counters

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from snowfence.broker import own as own_mod
 from snowfence.broker.own import CLAIM, GIVE_BACK, KEEP, WAIT, OwnWorkerId, spare_rule
 from snowfence.config import Config
 from snowfence.store import open_store
-from snowfence.broker import own as own_mod
 
 
 def until(predicate, timeout_s: float = 10.0) -> bool:

@@ -702,7 +702,7 @@ def test_a_small_plain_request_is_minted_by_the_broker_itself_and_never_reaches_
     r = rig()
     w = r.worker(0)
     here = HereMinter()
-    r.core.mint_here(here, 64)
+    r.core.mint_own(here, 64)
     r.ask(b"c", 1)
     [rep] = r.replies(b"c")
     assert (rep.first, rep.count, rep.error) == (5 << 30, 1, None)
@@ -715,7 +715,7 @@ def test_larger_requests_causal_tokens_and_declined_ones_go_to_a_worker(rig):
     r = rig()
     w = r.worker(0)
     here = HereMinter()
-    r.core.mint_here(here, 64)
+    r.core.mint_own(here, 64)
     r.ask(b"c", 65)  # above the limit
     r.ask(b"c", 1, after=1 << 50)  # a causal token: the workers' minters wait for it
     here.answer = None
@@ -730,7 +730,7 @@ def test_the_broker_mints_nothing_itself_while_vetoed_stopping_or_over_the_in_fl
     r = rig(max_inflight_per_client=2)
     w = r.worker(0)
     here = HereMinter()
-    r.core.mint_here(here, 64)
+    r.core.mint_own(here, 64)
     r.ask(b"big", 100, n=2)
     r.ask(b"big", 1)  # the connection has its limit in flight: overloaded, as for any request
     assert r.codes(b"big") == ["overloaded"] and here.asked == []
@@ -747,7 +747,7 @@ def test_the_broker_mints_nothing_itself_while_vetoed_stopping_or_over_the_in_fl
 def test_with_no_worker_in_rotation_a_small_request_is_still_answered_by_the_broker(rig):
     r = rig()
     here = HereMinter()
-    r.core.mint_here(here, 64)
+    r.core.mint_own(here, 64)
     r.ask(b"c", 1)
     assert r.codes(b"c") == [None]
     here.answer = None
