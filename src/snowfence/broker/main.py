@@ -38,7 +38,7 @@ from .membership import Membership, advertised_endpoints, base_entry, node_name
 from .metrics import HealthServer, Metrics
 from .notify import Notifier
 from .peers import PeerClocks
-from .router import Router
+from .router import ZmqFront
 from .supervisor import SIGNALS, Supervisor
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class Node:
         self.config = config
         self.rundir = ""
         self.metrics = Metrics(config)
-        self.router: Router | None = None
+        self.router: ZmqFront | None = None
         self.curve: CurveServer | None = None
         self.health: HealthServer | None = None
         self.peers: PeerClocks | None = None
@@ -173,7 +173,7 @@ class Node:
         try:
             self.curve = CurveServer(ctx, self.config, self.metrics.curve_denials)
             try:
-                self.router = Router(
+                self.router = ZmqFront(
                     ctx,
                     self.config,
                     self.backend,

@@ -1,10 +1,10 @@
 """The broker's ROUTER sockets: clients in front, workers behind.
 
-:class:`Router` owns the two sockets (binding, CURVE, frame and queue limits,
+:class:`ZmqFront` owns the two sockets (binding, CURVE, frame and queue limits,
 the ipc:// socket file), takes each client message apart into its one request
 and receives what workers send; every decision is the routing core's
 (:class:`snowfence.broker.routing.Routing`), which answers through this
-module's :meth:`Router.to_client` and :meth:`Router.to_worker`.
+module's :meth:`ZmqFront.to_client` and :meth:`ZmqFront.to_worker`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _no_fast_port(addr: bytes, reply: bytes) -> None:
     """A reply for a fast connection on a node without a fast port: none can exist."""
 
 
-class Router:
+class ZmqFront:
     """The frontend and backend ROUTER sockets around a :class:`Routing` core (``core``)."""
 
     def __init__(

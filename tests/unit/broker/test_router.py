@@ -11,7 +11,7 @@ import select
 import zmq
 
 from snowfence import protocol
-from snowfence.broker.router import Router
+from snowfence.broker.router import ZmqFront
 from snowfence.broker.routing import Routing
 from snowfence.config import Config
 
@@ -30,7 +30,7 @@ def test_frames_in_and_out_and_a_multi_frame_request_is_refused_with_bad_request
     ctx = zmq.Context()
     n = next(_names)
     config = Config(bind=f"inproc://front-{n}")
-    router = Router(ctx, config, f"inproc://back-{n}")
+    router = ZmqFront(ctx, config, f"inproc://back-{n}")
     socks = []
 
     def socket(kind: int, endpoint: str, identity: bytes | None = None) -> zmq.Socket:
@@ -105,7 +105,7 @@ def test_the_frontend_and_the_fast_port_hand_every_request_to_the_cores_one_inta
     monkeypatch.setattr(Routing, "requests", spy)
     ctx = zmq.Context()
     n = next(_names)
-    router = Router(ctx, Config(bind="tcp://127.0.0.1:*", fast_bind="auto"), f"inproc://back-{n}")
+    router = ZmqFront(ctx, Config(bind="tcp://127.0.0.1:*", fast_bind="auto"), f"inproc://back-{n}")
     fast = router.fast
     assert fast is not None
     socks: list[zmq.Socket] = []
