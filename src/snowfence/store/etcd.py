@@ -49,7 +49,7 @@ from ..etcd.client import Connection, etcd_call
 from ..ids import Layout
 from ..logs import event
 from .base import Lease, Store, exclusivity_lost
-from .genesis import Genesis
+from .genesis import Genesis, legacy_genesis, restore_base
 from .journal import Journal, Known
 
 log = logging.getLogger("snowfence.etcd")
@@ -489,11 +489,7 @@ class EtcdStore(Store):
                     place = keys.place(mark_meta.key, self.prefix + "marks/")
                     if place is not None:
                         used.setdefault(place[0], set()).add(place[1])
-                genesis = dataclasses.replace(
-                    Genesis.create(genesis.layout, now_unix_ms=self._wall_ns() // 1_000_000, window_ms=0),
-                    used={r: frozenset(ws) for r, ws in used.items()},
-                    legacy=True,
-                )
+                genesis = legacy_genesis(genesis.layout, self._wall_ns() // 1_000_000, used)
             if genesis.window_ms < self.window_ms:
                 genesis = dataclasses.replace(genesis, window_ms=self.window_ms)
             genesis = change(genesis)
@@ -527,44 +523,32 @@ class EtcdStore(Store):
         client = self.client
         tx = client.transactions
         key = self.layout_key()
-        marks = self.prefix + "marks/"
+        marks_prefix = self.prefix + "marks/"
         now_unix_ms = self._wall_ns() // 1_000_000
         for _ in range(5):
             _, (layout_kv, mark_kvs) = client.transaction(
-                compare=[], success=[tx.get(key), tx.get(marks, keys.range_end(marks))], failure=[]
+                compare=[], success=[tx.get(key), tx.get(marks_prefix, keys.range_end(marks_prefix))], failure=[]
             )
-            used: dict[int, set[int]] = {}
+            marks = []
             for value, meta in mark_kvs:
-                place = keys.place(meta.key, marks)
+                place = keys.place(meta.key, marks_prefix)
                 if place is None:
                     continue
                 try:
-                    layout = orjson.loads(value).get("layout")
+                    digest = orjson.loads(value).get("layout")
                 except (ValueError, AttributeError):
-                    layout = None
-                if layout is not None and layout != self.layout.digest():
-                    raise LayoutMismatch(
-                        f"the mark {meta.key.decode()} was written under another layout: put the layout record "
-                        "it was minted with back instead of accepting this one"
-                    )
-                used.setdefault(place[0], set()).add(place[1])
-            if layout_kv:
-                genesis = self._parse_genesis(layout_kv[0][0])
-                if genesis.layout != self.layout:
-                    raise LayoutMismatch(
-                        f"cluster {self.config.cluster!r} records layout [{genesis.layout.describe()}], not the "
-                        f"configured [{self.layout.describe()}]"
-                    )
-                compare = [tx.mod(key) == layout_kv[0][1].mod_revision]
-                if not genesis.upgraded:
-                    genesis = dataclasses.replace(
-                        Genesis.create(self.layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms), legacy=True
-                    )
-            else:
-                genesis = Genesis.create(self.layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms)
-                compare = [tx.create(key) == 0]
-            for region, workers in genesis.used.items():
-                used.setdefault(region, set()).update(workers)
+                    digest = None
+                marks.append((place[0], place[1], digest, f"the mark {meta.key.decode()}"))
+            recorded = self._parse_genesis(layout_kv[0][0]) if layout_kv else None
+            compare = [tx.mod(key) == layout_kv[0][1].mod_revision] if layout_kv else [tx.create(key) == 0]
+            genesis, used = restore_base(
+                recorded,
+                marks,
+                self.layout,
+                now_unix_ms=now_unix_ms,
+                window_ms=self.window_ms,
+                where=f"cluster {self.config.cluster!r}",
+            )
             self.genesis = genesis  # quarantine_ms() counts its window
             self._read_claims()  # and the region claim's, which outlives the cluster's keys
             genesis = genesis.restored(

@@ -83,7 +83,7 @@ from ..ids import Layout
 from ..logs import event
 from .base import Lease, Store, exclusivity_lost
 from .durable import _fsync_dir, _tmp_name, _write_synced, write_atomic
-from .genesis import Genesis
+from .genesis import Genesis, legacy_genesis, restore_base
 from .journal import Journal
 from .preference import PreferenceFile, embedded_namespace
 
@@ -538,18 +538,7 @@ class FileStore(Store):
                 raise StoreWentBack(f"{self._layout_path()} was removed while this node used it")
             before = genesis
             if not genesis.upgraded:
-                # An older release's store: every worker ID with a mark was used; marks
-                # without a store ID are its own (legacy).
-                used = {}
-                for mark in self._mark_files():
-                    region, name = mark.parent.name, mark.name
-                    if region.isdigit() and name[7:-5].isdigit():
-                        used.setdefault(int(region), set()).add(int(name[7:-5]))
-                genesis = dataclasses.replace(
-                    Genesis.create(genesis.layout, now_unix_ms=self._wall_ns() // 1_000_000, window_ms=0),
-                    used={r: frozenset(ws) for r, ws in used.items()},
-                    legacy=True,
-                )
+                genesis = legacy_genesis(genesis.layout, self._wall_ns() // 1_000_000, self._used_by_marks())
                 event(
                     log,
                     "store_upgraded",
@@ -570,31 +559,21 @@ class FileStore(Store):
         purpose: a new restore record in the genesis (written anew, with this layout, if it
         is gone), and a quarantine every claim of it waits out. Nodes that refused take it
         at their next claim, with their journal's floors; it is accepted once."""
-        foreign = [path for path in self._mark_files() if _mark_layout(path) not in (None, self.layout.digest())]
-        if foreign:
-            raise LayoutMismatch(
-                f"{len(foreign)} mark files (such as {foreign[0]}) were written under another layout: put the "
-                "layout record they were minted with back instead of accepting this one"
-            )
         now_unix_ms = self._wall_ns() // 1_000_000
         with self.root_lock():
-            genesis = self.read_genesis()
-            if genesis is None:
-                genesis = Genesis.create(self.layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms)
-            elif genesis.layout != self.layout:
-                raise LayoutMismatch(
-                    f"state directory {self.root} records layout [{genesis.layout.describe()}], not the configured "
-                    f"[{self.layout.describe()}]"
-                )
-            elif not genesis.upgraded:
-                genesis = dataclasses.replace(
-                    Genesis.create(genesis.layout, now_unix_ms=now_unix_ms, window_ms=self.window_ms), legacy=True
-                )
-            used = {r: set(ws) for r, ws in genesis.used.items()}
-            for mark in self._mark_files():
-                region, name = mark.parent.name, mark.name
-                if region.isdigit() and name[7:-5].isdigit():
-                    used.setdefault(int(region), set()).add(int(name[7:-5]))
+            marks = [
+                (int(path.parent.name), int(path.name[7:-5]), _mark_layout(path), f"the mark file {path}")
+                for path in self._mark_files()
+                if path.parent.name.isdigit() and path.name[7:-5].isdigit()
+            ]
+            genesis, used = restore_base(
+                self.read_genesis(),
+                marks,
+                self.layout,
+                now_unix_ms=now_unix_ms,
+                window_ms=self.window_ms,
+                where=f"state directory {self.root}",
+            )
             self.genesis = genesis  # quarantine_ms() counts its window
             genesis = genesis.restored(
                 reason,
@@ -606,6 +585,15 @@ class FileStore(Store):
             self._write_genesis(genesis)
         self.genesis = genesis
         return genesis
+
+    def _used_by_marks(self) -> dict[int, set[int]]:
+        """The worker IDs with a mark file, by region."""
+        used: dict[int, set[int]] = {}
+        for mark in self._mark_files():
+            region, name = mark.parent.name, mark.name
+            if region.isdigit() and name[7:-5].isdigit():
+                used.setdefault(int(region), set()).add(int(name[7:-5]))
+        return used
 
     def run_ahead_ms(self) -> int:
         """How far above the host's clock any node of this directory may have minted: the

@@ -29,7 +29,7 @@ import dataclasses
 import secrets
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LayoutMismatch
 from ..ids import Layout
 
 LAYOUT_FIELDS = ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
@@ -154,3 +154,56 @@ class Genesis:
     @classmethod
     def create(cls, layout: Layout, *, now_unix_ms: int, window_ms: int, quarantine_until_ms: int = 0) -> Genesis:
         return cls(layout, new_store_id(), now_unix_ms, window_ms, {}, quarantine_until_ms, None, False)
+
+
+# -- what both stores decide alike --------------------------------------------------------
+
+
+def legacy_genesis(layout: Layout, now_unix_ms: int, used: dict[int, set[int]]) -> Genesis:
+    """The genesis an older release's layout record is upgraded to: every worker ID with a
+    mark was used, and marks without a store ID are its own (legacy). The stores differ
+    only in where they read ``used`` from (mark files, or mark keys)."""
+    return dataclasses.replace(
+        Genesis.create(layout, now_unix_ms=now_unix_ms, window_ms=0),
+        used={r: frozenset(ws) for r, ws in used.items()},
+        legacy=True,
+    )
+
+
+def restore_base(
+    recorded: Genesis | None,
+    marks: list[tuple[int, int, str | None, str]],
+    layout: Layout,
+    *,
+    now_unix_ms: int,
+    window_ms: int,
+    where: str,
+) -> tuple[Genesis, dict[int, set[int]]]:
+    """What an accepted restore starts from, for either store: the genesis to add the
+    restore to (the recorded one; a new one if it is gone; an older release's replaced),
+    and every worker ID used (the record's and each mark's, which its claims quarantine).
+
+    ``marks``: ``(region, worker ID, the layout digest the mark names or None, what the
+    mark is called)``. A mark or a record of another layout is refused (LayoutMismatch):
+    the record it was minted with is to be put back instead. Nothing is written here."""
+    used: dict[int, set[int]] = {}
+    for region, worker_id, digest, name in marks:
+        if digest is not None and digest != layout.digest():
+            raise LayoutMismatch(
+                f"{name} was written under another layout: put the layout record it was minted with back "
+                "instead of accepting this one"
+            )
+        used.setdefault(region, set()).add(worker_id)
+    if recorded is None:
+        genesis = Genesis.create(layout, now_unix_ms=now_unix_ms, window_ms=window_ms)
+    elif recorded.layout != layout:
+        raise LayoutMismatch(
+            f"{where} records layout [{recorded.layout.describe()}], not the configured [{layout.describe()}]"
+        )
+    elif not recorded.upgraded:
+        genesis = dataclasses.replace(Genesis.create(layout, now_unix_ms=now_unix_ms, window_ms=window_ms), legacy=True)
+    else:
+        genesis = recorded
+    for region, workers in genesis.used.items():
+        used.setdefault(region, set()).update(workers)
+    return genesis, used
