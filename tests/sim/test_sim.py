@@ -125,6 +125,7 @@ SERVICE_STEPS = {
     "snowfence.broker.routing:Routing.requests": "the intake the ZeroMQ frontend and the fast port call",
     "snowfence.workers.core:WorkerCore.turn": "a turn of the worker process's loop",
     "snowfence.workers.keeper:Keeper.step": "a turn of the keeper's thread",
+    "snowfence.broker.routing:Routing.tick": "the routing core's timers, every HOUSEKEEPING_NS",
     "snowfence.broker.own:OwnWorkerId.__init__": "the broker's own worker ID's minter",
     "snowfence.broker.own:spare_rule": "the broker's own worker ID's give-back",
     "snowfence.broker.supervisor:Supervisor.watch_silence": "the supervisor's kill of a silent worker",

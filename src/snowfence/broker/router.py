@@ -125,10 +125,13 @@ class ZmqFront:
 
     def on_frontend(self) -> None:
         """Up to ``BATCH`` client messages, each one request: to the core's intake
-        (:meth:`Routing.requests`), all at once after the reads."""
+        (:meth:`Routing.requests`) as soon as it is read. Handing it several at once
+        held a neighbour's single ID back behind a pipeline's reads (its p50 beside one
+        went from 0.15 to 0.18 ms in benchmarks/isolation.py); one at a time costs no
+        throughput that benchmarks/broker_vs_proxy.py can tell apart."""
         front = self.frontend
         core = self.core
-        batch: list[tuple[int, bytes, bytes]] = []
+        requests = core.requests
         for _ in range(BATCH):
             try:
                 addr = _recv(front, _NOBLOCK)
@@ -145,9 +148,6 @@ class ZmqFront:
             if frame.more:
                 while _recv(front, 0, False).more:
                     pass
-                if batch:  # those before it first: its answer comes after theirs
-                    core.requests(batch)
-                    batch = []
                 core.bad_request(
                     meta, addr, BadRequest("a request is one body frame, optionally after one empty delimiter")
                 )
@@ -158,9 +158,7 @@ class ZmqFront:
                 # and counted as a bad request, not as a request.
                 core.counters["bad_request"] += 1
                 continue
-            batch.append((meta, addr, body))
-        if batch:
-            core.requests(batch)
+            requests(((meta, addr, body),))
 
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
         if is_fast_addr(addr):

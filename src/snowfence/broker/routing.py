@@ -68,7 +68,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .. import __version__, latency, protocol
@@ -249,7 +249,7 @@ class Routing:
 
     # -- clients ----------------------------------------------------------------------
 
-    def requests(self, batch: list[tuple[int, bytes, bytes]]) -> None:
+    def requests(self, batch: Sequence[tuple[int, bytes, bytes]]) -> None:
         """Client requests, each ``(meta, addr, body)`` as the adapter framed it, in the
         order they came: the intake every adapter calls.
 
