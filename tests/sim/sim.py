@@ -474,6 +474,8 @@ class Broker:
         w.at(w.T + w.rng2.randrange(NS, 3 * NS), None, self.restart_node)
 
     def restart_node(self) -> None:
+        if self.running:
+            return  # started again already (a halt and a fault both asked)
         self.boot()
         self.sup.start()
         if self.proc is not None:
@@ -1794,6 +1796,10 @@ class World:
             self.forget(wids)
             for q in self.procs:
                 self.crash(q)
+            for node in self.nodes:  # the whole node: its broker (and own worker ID) too
+                if node.broker.own is not None:
+                    self.stop_own(node.broker, release=False)
+                node.broker.running = False
             for entry in Path(self.tmp).iterdir():
                 if entry.is_dir():
                     shutil.rmtree(entry, ignore_errors=True)
@@ -1802,8 +1808,13 @@ class World:
             if wipe_journal:
                 shutil.rmtree(self.tmp + "-journal", ignore_errors=True)
             self.counts["wiped_with_journal"] = self.counts.get("wiped_with_journal", 0) + wipe_journal
-            for q in self.procs:  # at once: no clock fault comes in between
-                self.at(T + rng2.randrange(1, 1000), None, self.restart, q)
+            # The nodes start again at once (systemd, not the supervisor's back-off): no
+            # clock fault comes in between.
+            for node in self.nodes:
+                self.at(T + rng2.randrange(1, 1000), None, node.broker.restart_node)
+            for q in self.procs:
+                if q not in q.node.broker.supervised:
+                    self.at(T + rng2.randrange(1, 1000), None, self.restart, q)
             return None
         if kind == "delete_prefix_under_cut":
             holders = [q for q in self.procs if q.held and q.config.cluster == self.config.cluster]
