@@ -264,10 +264,10 @@ MUTANTS = [
     ),
     Mutant(
         "causal-token-ignored",
-        "the work step mints a request with a causal token as if it had none",
+        "the mint step mints a request with a causal token as if it had none",
         (
             Edit(
-                M + "core:WorkerCore.work",
+                M + "core:WorkerCore.mint",
                 "first, count = held.minter.reserve(n, held.minter.floor_after(after))",
                 "first, count = held.minter.reserve(n)",
             ),

@@ -46,7 +46,7 @@ from collections.abc import Callable
 
 from ..clock import HostClock
 from ..config import Config
-from ..errors import ConfigError, Refused, SnowfenceError
+from ..errors import ConfigError, SnowfenceError
 from ..logs import event
 from ..protocol import WorkerState
 from ..workers.core import Clocks, WorkerCore, broker_preference_file
@@ -249,28 +249,22 @@ class OwnWorkerId:
             return None
         try:
             core = self.core
-            ready = core.ready
-            if not ready:
+            if not core.ready:
                 self.declined["not_ready"] += 1
                 return None
-            held = ready[0]
             try:
-                first, count = held.minter.reserve(n)
+                minted = core.mint(n)  # the workers' mint step (a refusal leaves rotation there)
             except WouldWait:
                 self.declined["would_wait"] += 1
-                return None
-            except Refused as err:
-                self.declined["refused"] += 1
-                core.on_refused(held, err)
                 return None
             except SnowfenceError:
                 self.declined["refused"] += 1
                 return None
-            counters = core.counters
-            counters["requests_ok"] += 1
-            counters["ids"] += count
+            if minted.__class__ is not tuple:
+                self.declined["refused"] += 1
+                return None
             core.mint_ns[0].observe(_mono() - start_ns)
-            return first, count
+            return minted
         finally:
             self._lock.release()
 

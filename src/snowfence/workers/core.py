@@ -326,7 +326,35 @@ class WorkerCore:
                 return start_ns  # not a request of any kind
             plain = request.request_id, request.count
         request_id, n = plain
-        error: SnowfenceError | None = None
+        try:
+            minted = self.mint(n, after)
+        except (TokenAhead, BadRequest) as err:
+            # A token too far ahead (every worker here shares this clock: no point
+            # trying another), or one this worker ID's shard cannot sort after.
+            self.counters[err.code] += 1
+            self.send(protocol.encode_reply(meta, addr, protocol.encode_error(request_id, err)))
+            return self._timed(after is not None, start_ns)
+        if minted.__class__ is tuple:
+            first, count = minted
+            self.send(_encode_reply(meta, addr, _encode_block(request_id, first, count)))
+            done_ns = self._mono()  # what _timed does, without a call on the hot path
+            self.mint_ns[after is not None].observe(done_ns - start_ns)
+            return done_ns
+        error = minted if minted is not None else self.not_ready_error()
+        self.counters["refused_" + error.code] += 1
+        if self.state_dirty:
+            self.send_state()  # leave rotation before the broker retries elsewhere (once: not per refusal)
+        self.send(protocol.encode_refused(meta, addr, body, protocol.encode_error(request_id, error)))
+        return self._timed(after is not None, start_ns)
+
+    def mint(self, n: int, after: int | None = None) -> tuple[int, int] | Refused | None:
+        """The mint step, for a worker's requests and the broker's own worker ID alike: the
+        next ready worker ID (round robin) mints ``n`` IDs (above the causal token
+        ``after``); one that refuses leaves rotation (:meth:`on_refused`) and the next
+        tries. Returns ``(first, count)``, or the last refusal, or None if none was ready.
+        A token it cannot honour raises (``TokenAhead``, ``BadRequest``), as does a
+        minter that may not wait (``WouldWait``): the caller answers or declines."""
+        error = None
         while self.ready:  # every refusal takes a worker ID out of self.ready
             ready = self.ready
             self._rr = (self._rr + 1) % len(ready)
@@ -340,26 +368,11 @@ class WorkerCore:
                 error = err
                 self.on_refused(held, err)
                 continue
-            except (TokenAhead, BadRequest) as err:
-                # A token too far ahead (every worker here shares this clock: no point
-                # trying another), or one this worker ID's shard cannot sort after.
-                self.counters[err.code] += 1
-                self.send(protocol.encode_reply(meta, addr, protocol.encode_error(request_id, err)))
-                return self._timed(after is not None, start_ns)
             counters = self.counters
             counters["requests_ok"] += 1
             counters["ids"] += count
-            self.send(_encode_reply(meta, addr, _encode_block(request_id, first, count)))
-            done_ns = self._mono()  # what _timed does, without a call on the hot path
-            self.mint_ns[after is not None].observe(done_ns - start_ns)
-            return done_ns
-        if error is None:
-            error = self.not_ready_error()
-        self.counters["refused_" + error.code] += 1
-        if self.state_dirty:
-            self.send_state()  # leave rotation before the broker retries elsewhere (once: not per refusal)
-        self.send(protocol.encode_refused(meta, addr, body, protocol.encode_error(request_id, error)))
-        return self._timed(after is not None, start_ns)
+            return first, count
+        return error
 
     def _timed(self, has_token: bool, start_ns: int) -> int:
         """Record the minting time of a request answered (or handed back) just now; returns now."""
