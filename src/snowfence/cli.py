@@ -314,6 +314,17 @@ def build_parser() -> argparse.ArgumentParser:
         "reservation window recorded for the region plus the clock-skew bound.",
     )
     _add_config_flags(release, ETCD_FIELDS)
+
+    from . import verify as verify_mod
+
+    check_ids = sub.add_parser(
+        "verify",
+        help="Check a dump of IDs: duplicates, IDs not valid for the layout, order within a worker ID.",
+        description=verify_mod.DESCRIPTION,
+    )
+    verify_mod.add_arguments(check_ids)
+    _connect_arg(check_ids)
+    _add_config_flags(check_ids, LAYOUT_FIELDS)
     return parser
 
 
@@ -518,6 +529,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
                 f"worker={fields.worker} sequence={fields.sequence}"
             )
     return status
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from . import verify
+
+    return verify.run(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
