@@ -107,12 +107,19 @@ def _resolve_config(args: argparse.Namespace) -> tuple[config_mod.Config, dict]:
     return config_mod.resolve(flags=flags, config_file=getattr(args, "config", None))
 
 
-def _connect_arg(parser: argparse.ArgumentParser, retries: bool = True) -> None:
+def _connect_arg(parser: argparse.ArgumentParser, retries: bool = True, layout: bool = False) -> None:
+    """The flags of a command that talks to a node. ``layout``: the command needs only the
+    node's layout, and asks a node for it only when --connect is given (otherwise the layout
+    flags, the environment or --config say it); see :func:`_layout_for`."""
     parser.add_argument(
         "--connect",
         metavar="EP[,EP...]",
-        default=os.environ.get("SNOWFENCE_CONNECT", DEFAULT_CONNECT),
-        help=f"Broker endpoint(s), tried in turn (env SNOWFENCE_CONNECT; default {DEFAULT_CONNECT}).",
+        default=None if layout else os.environ.get("SNOWFENCE_CONNECT", DEFAULT_CONNECT),
+        help=(
+            "Take the layout from this node (broker endpoints, tried in turn) rather than from the layout flags."
+            if layout
+            else f"Broker endpoint(s), tried in turn (env SNOWFENCE_CONNECT; default {DEFAULT_CONNECT})."
+        ),
     )
     parser.add_argument(
         "--no-discover",
@@ -323,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=verify_mod.DESCRIPTION,
     )
     verify_mod.add_arguments(check_ids)
-    _connect_arg(check_ids)
+    _connect_arg(check_ids, layout=True)
     _add_config_flags(check_ids, LAYOUT_FIELDS)
     return parser
 
@@ -418,6 +425,17 @@ def _endpoints(args: argparse.Namespace) -> list[str]:
     return endpoints
 
 
+def _layout_for(args: argparse.Namespace):
+    """The layout a command reads IDs with: the node's (STATUS) when --connect names one,
+    otherwise the configured one (flags, environment, --config)."""
+    from .ids import Layout
+
+    if args.connect is None:
+        return _load_config(args).layout
+    with _client(args) as client:
+        return Layout.from_dict(client.status()["layout"])
+
+
 def _curve_keys(args: argparse.Namespace) -> None:
     """Fail now, with the file's name, on a key the client could not use."""
     if args.server_key is None:
@@ -441,7 +459,7 @@ def _client(args: argparse.Namespace):
         return Client(
             endpoints,
             timeout_s=args.timeout,
-            retries=args.retries,
+            retries=getattr(args, "retries", DEFAULT_RETRIES),
             server_key=args.server_key,
             client_key=args.client_key,
             discover=args.discover,
@@ -534,7 +552,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from . import verify
 
-    return verify.run(args)
+    return verify.run(args, _layout_for(args))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

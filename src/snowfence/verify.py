@@ -11,5 +11,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="*", metavar="FILE")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, layout) -> int:
     raise NotImplementedError
