@@ -9,6 +9,10 @@ Default layout (widths and epoch are configurable; the four widths sum to 63)::
 Bit 63 stays 0, so every ID is a positive signed 64-bit integer. Within one
 worker ID, IDs increase with time; the IDs a worker mints in one millisecond
 form one contiguous integer range.
+
+The time inside an ID goes both ways: :meth:`Layout.to_time` reads it, and
+:meth:`Layout.bounds` gives the lowest and highest ID that can carry a time or a
+range of time (one range per shard), for queries such as ``WHERE id BETWEEN``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ DEFAULT_EPOCH_MS = 1_767_225_600_000
 
 #: Total width of the four fields; bit 63 is the sign bit and stays 0.
 ID_BITS = 63
+
+_UNIX_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+_ONE_MS = _dt.timedelta(milliseconds=1)
 
 
 def parse_epoch(value: str | int) -> int:
@@ -49,6 +56,14 @@ def format_unix_ms(unix_ms: int) -> str:
     """ISO-8601 UTC with milliseconds, e.g. ``2026-12-01T01:08:36.123Z``."""
     moment = _dt.datetime.fromtimestamp(unix_ms / 1000, tz=_dt.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"
+
+
+def _show_ms(unix_ms: int) -> str:
+    """:func:`format_unix_ms`, or plain milliseconds for a time no datetime can hold."""
+    try:
+        return format_unix_ms(unix_ms)
+    except (ValueError, OverflowError, OSError):
+        return f"{unix_ms} ms"
 
 
 class Decoded(NamedTuple):
@@ -78,6 +93,67 @@ class Decoded(NamedTuple):
         if shard:
             out["shard"] = self.shard
         return out
+
+
+def unix_ms_of(value: int | str | _dt.datetime) -> int:
+    """Unix milliseconds from an int, a decimal string, an aware datetime or ISO-8601 text.
+
+    A time finer than a millisecond is truncated to the millisecond that holds it
+    (rounded down), computed exactly (no float). ISO-8601 text without an offset
+    is UTC, as for the epoch; a datetime without ``tzinfo`` is refused rather than
+    guessed. Raises ``ValueError`` for anything else.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"a time is Unix milliseconds, an aware datetime or ISO-8601 text, not {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"datetime {value.isoformat()} has no time zone; give an aware datetime (e.g. UTC)")
+        return (value - _UNIX_EPOCH) // _ONE_MS
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        try:
+            moment = _dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{value!r} is neither Unix milliseconds nor an ISO-8601 time") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=_dt.UTC)
+        return (moment - _UNIX_EPOCH) // _ONE_MS
+    raise ValueError(f"a time is Unix milliseconds, an aware datetime or ISO-8601 text, not {value!r}")
+
+
+class IdRange(NamedTuple):
+    """The IDs of one shard that carry a span of time: ``first`` to ``last``, both inclusive.
+
+    ``start_ms`` and ``end_ms`` (Unix milliseconds, both inclusive) are the first and
+    last millisecond of the span. Every ID minted in the span, in this shard, lies in
+    ``first..last``, and no ID minted outside it does.
+    """
+
+    shard: int
+    first: int
+    last: int
+    start_ms: int
+    end_ms: int
+
+    def holds(self, id_: int) -> bool:
+        """Whether ``id_`` lies within ``first..last``."""
+        return self.first <= id_ <= self.last
+
+    def to_dict(self) -> dict:
+        """JSON-ready; the IDs are strings because they do not fit a double."""
+        return {
+            "shard": self.shard,
+            "first": str(self.first),
+            "last": str(self.last),
+            "start_ms": self.start_ms,
+            "end_ms": self.end_ms,
+            "start": _show_ms(self.start_ms),
+            "end": _show_ms(self.end_ms),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +289,71 @@ class Layout:
     def to_time(self, id_: int) -> _dt.datetime:
         """When an ID was minted, as an aware UTC datetime (millisecond precision)."""
         return self.decompose(id_).time
+
+    @property
+    def last_unix_ms(self) -> int:
+        """The last Unix millisecond an ID of this layout can carry."""
+        return self.epoch_ms + self.max_ms
+
+    def bounds(
+        self,
+        start: int | str | _dt.datetime,
+        end: int | str | _dt.datetime | None = None,
+        *,
+        closed: bool = False,
+    ) -> tuple[IdRange, ...]:
+        """The lowest and highest ID that can carry a time, or a range of time: one
+        :class:`IdRange` per shard, in shard order, bounds inclusive.
+
+        ``start`` and ``end`` are Unix milliseconds (int), aware datetimes or ISO-8601
+        text (see :func:`unix_ms_of`; finer than a millisecond is rounded down). Alone,
+        ``start`` names one millisecond. With ``end`` the range is half-open,
+        ``[start, end)``, so that consecutive ranges (an hour, the next hour) share no
+        ID; ``closed=True`` includes ``end``'s millisecond too.
+
+        With ``shard_bits == 0`` there is one range. With shard bits, the shard sits
+        above the timestamp, so a span of time is one range of IDs **per shard**
+        (``2 ** shard_bits`` ranges; a query must OR them), and between them lie the
+        other shards' IDs of every other time. Some shards may hold no worker ID at all;
+        their range is still given, since which ones do depends on the workers.
+
+        Nothing is clamped: a time before the epoch or after :attr:`last_unix_ms`
+        (no ID can carry it), or an empty range, raises ``ValueError``. Pure: no clock,
+        no I/O.
+        """
+        first_ms = unix_ms_of(start)
+        if end is None:
+            last_ms = first_ms
+        else:
+            last_ms = unix_ms_of(end) - (0 if closed else 1)
+        for what, value in (("start", first_ms), ("end", last_ms + (0 if closed or end is None else 1))):
+            if value < self.epoch_ms:
+                raise ValueError(
+                    f"{what} {_show_ms(value)} is before the layout's epoch {_show_ms(self.epoch_ms)}: no ID carries it"
+                )
+        for what, value in (("start", first_ms), ("end", last_ms)):
+            if value > self.last_unix_ms:
+                raise ValueError(
+                    f"{what} {_show_ms(value)} is after the last millisecond an ID of this layout carries, "
+                    f"{_show_ms(self.last_unix_ms)}"
+                )
+        if last_ms < first_ms:
+            raise ValueError(
+                f"the range {_show_ms(first_ms)} to {_show_ms(last_ms + (0 if closed else 1))} "
+                f"({'closed' if closed else 'half-open: end excluded'}) holds no millisecond"
+            )
+        low, high = first_ms - self.epoch_ms, last_ms - self.epoch_ms
+        below_time = (1 << self.time_shift) - 1
+        return tuple(
+            IdRange(
+                shard=shard,
+                first=(shard << self.shard_shift) | (low << self.time_shift),
+                last=(shard << self.shard_shift) | (high << self.time_shift) | below_time,
+                start_ms=first_ms,
+                end_ms=last_ms,
+            )
+            for shard in range(1 << self.shard_bits)
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -19,6 +19,7 @@ import zmq.asyncio
 
 from .. import protocol
 from ..errors import SnowfenceError
+from ..ids import IdRange, Layout
 from .core import (
     KEEP,
     Block,
@@ -111,7 +112,8 @@ class AsyncClient(ClientBase):
     """Reserve IDs from snowfence brokers from asyncio code.
 
     Same names as :class:`snowfence.Client`: ``await reserve(n)``, ``ids()`` (an
-    async iterator), ``await status()``, ``await nodes()``; use ``async with``.
+    async iterator), ``await status()``, ``await nodes()``, ``await layout()``, ``await
+    bounds(start, end)``; use ``async with``.
     Discovery (``discover``, ``region``) as for :class:`snowfence.Client`.
     """
 
@@ -125,6 +127,8 @@ class AsyncClient(ClientBase):
         #: The connection to the current node's fast port, and the one being opened.
         self._fast: _FastProtocol | None = None
         self._fast_opening: asyncio.Future | None = None
+        #: The nodes' layout, once asked (:meth:`layout`).
+        self._layout: Layout | None = None
 
     # -- transport ----------------------------------------------------------------------
 
@@ -370,6 +374,17 @@ class AsyncClient(ClientBase):
     async def status(self) -> dict:
         """The broker's view of itself and its workers."""
         return await self._ask_json("status")
+
+    async def layout(self) -> Layout:
+        """The layout of the IDs the nodes mint (STATUS's ``layout``), asked once and kept."""
+        if self._layout is None:
+            self._layout = Layout.from_dict((await self.status())["layout"])
+        return self._layout
+
+    async def bounds(self, start, end=None, *, closed: bool = False) -> tuple[IdRange, ...]:
+        """:meth:`snowfence.Layout.bounds` in the nodes' layout: per shard, the lowest and
+        highest ID that can carry a time, or the range ``[start, end)`` (``closed``: end included)."""
+        return (await self.layout()).bounds(start, end, closed=closed)
 
     async def nodes(self) -> dict:
         """The cluster's live nodes as the broker sees them: ``{"cluster", "nodes": [...]}``."""

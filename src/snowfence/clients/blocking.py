@@ -22,6 +22,7 @@ import zmq.backend
 
 from .. import protocol
 from ..errors import SnowfenceError
+from ..ids import IdRange, Layout
 from .core import (
     KEEP,
     Block,
@@ -177,6 +178,8 @@ class Client(ClientBase):
         self._prefetchers: list[Prefetcher] = []
         #: The receive timeout each socket has now (set only when it changes).
         self._rcvtimeo: dict = {}
+        #: The nodes' layout, once asked (:meth:`layout`).
+        self._layout: Layout | None = None
 
     # -- public API ---------------------------------------------------------------------
 
@@ -266,6 +269,17 @@ class Client(ClientBase):
     def status(self) -> dict:
         """The broker's view of itself and its workers."""
         return self._ask_json("status")
+
+    def layout(self) -> Layout:
+        """The layout of the IDs the nodes mint (STATUS's ``layout``), asked once and kept."""
+        if self._layout is None:
+            self._layout = Layout.from_dict(self.status()["layout"])
+        return self._layout
+
+    def bounds(self, start, end=None, *, closed: bool = False) -> tuple[IdRange, ...]:
+        """:meth:`snowfence.Layout.bounds` in the nodes' layout: per shard, the lowest and
+        highest ID that can carry a time, or the range ``[start, end)`` (``closed``: end included)."""
+        return self.layout().bounds(start, end, closed=closed)
 
     def nodes(self) -> dict:
         """The cluster's live nodes as the broker sees them: ``{"cluster", "nodes": [...]}``."""
