@@ -3,7 +3,8 @@
 snowfence serve [--bind EP] [--workers N] [--region R] [--state-dir DIR] [--config FILE] ...
 snowfence check-config [the flags of serve] [--json]
 snowfence reserve N [--connect EP[,EP...]] [--format text|json|binary|blocks]
-snowfence decode [ID... | -] [--json]
+snowfence decode [ID... | -] [--json] [--connect EP | --check]
+snowfence id-at TIME [END] [--closed] [--json] [--connect EP]
 snowfence status [--connect EP[,EP...]] [--json]
 snowfence bench [--connect EP] [--duration S] [--batch N] [--clients C] [--depth D] [--rate R] [--json]
 
@@ -37,6 +38,12 @@ from .workers.exits import Exit
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
 #: More IDs than any layout holds (its widths sum to 63 bits).
 MAX_COUNT = (1 << 63) - 1
+#: How far past this host's clock an ID's millisecond may be before decode flags it "from the future".
+#: A node mints no ID ahead of its own clock, and refuses to mint when its clock is off
+#: by more than the skew bound (milliseconds to seconds); a day also allows for this
+#: host's clock being well off, and still catches IDs decoded with the wrong layout or
+#: epoch, or made up.
+FUTURE_MARGIN_MS = 24 * 3600 * 1000
 #: What separates IDs read from stdin: whitespace, or the commas, brackets and quotes of a JSON array.
 ID_SEPARATORS = re.compile(r'[\s,\[\]"]+')
 LAYOUT_FIELDS = ("epoch", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
@@ -225,7 +232,33 @@ def build_parser() -> argparse.ArgumentParser:
         "them, or a JSON array of strings).",
     )
     decode.add_argument("--json", action="store_true", help="One JSON object per line.")
+    decode.add_argument(
+        "--check",
+        action="store_true",
+        help="Flag IDs that cannot be valid for the layout: a millisecond more than a day past this host's clock, "
+        "or shard bits other than the (region, worker) hash gives. Flagged IDs are still printed, marked (text) "
+        "or with their flags (JSON), and make the exit status 1. On by default with --connect.",
+    )
+    _connect_arg(decode, layout=True)
     _add_config_flags(decode, LAYOUT_FIELDS)
+
+    id_at = sub.add_parser(
+        "id-at",
+        help="Print the first and last ID that can carry a time or a range of time, per shard.",
+        description="The lowest and highest ID that can carry TIME (one millisecond), or the range from TIME up "
+        "to END (END excluded, unless --closed): one line per shard, 'first last', for a query such as "
+        "`WHERE id BETWEEN first AND last`. With shard bits the shard sits above the timestamp, so a time is "
+        "one range per shard (OR them). The layout is the node's with --connect, else the layout flags, the "
+        "environment or --config. A time before the epoch or past the layout's last millisecond is refused.",
+    )
+    id_at.add_argument(
+        "time", metavar="TIME", help="Unix milliseconds or ISO-8601 (e.g. 2026-03-01T12:00:00Z; no offset: UTC)."
+    )
+    id_at.add_argument("end", nargs="?", metavar="END", help="End of the range, excluded (--closed: included).")
+    id_at.add_argument("--closed", action="store_true", help="Include END's millisecond in the range.")
+    id_at.add_argument("--json", action="store_true", help="One JSON object per shard, per line; IDs as strings.")
+    _connect_arg(id_at, layout=True)
+    _add_config_flags(id_at, LAYOUT_FIELDS)
 
     bench = sub.add_parser("bench", help="Load a running deployment and report IDs/s, requests/s and latency.")
     _connect_arg(bench, retries=False)
@@ -526,8 +559,12 @@ def _decode_inputs(ids: list[str]):
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    layout = _load_config(args).layout
+    layout = _layout_for(args)
+    # The node's layout says which IDs it can have minted; a configured one only when asked.
+    check = args.check or args.connect is not None
+    now_ms = time.time_ns() // 1_000_000
     status = 0
+    flagged = 0
     for text in _decode_inputs(args.ids):
         try:
             fields = layout.decompose(int(text)) if text.strip().isdigit() else None
@@ -537,16 +574,63 @@ def cmd_decode(args: argparse.Namespace) -> int:
             print(f"snowfence: {text!r} is not a snowfence ID", file=sys.stderr)
             status = 1
             continue
+        flags = _id_flags(layout, fields, now_ms) if check else []
+        if flags:
+            flagged += 1
+            status = 1
         if args.json:
-            print(orjson.dumps(fields.to_dict(shard=bool(layout.shard_bits))).decode())
+            doc = fields.to_dict(shard=bool(layout.shard_bits))
+            if check:
+                doc["flags"] = flags
+            print(orjson.dumps(doc).decode())
         else:
             print(
                 f"{fields.id}  {format_unix_ms(fields.unix_ms)}  "
                 + (f"shard={fields.shard} " if layout.shard_bits else "")
                 + f"region={fields.region} "
                 f"worker={fields.worker} sequence={fields.sequence}"
+                + (f"  INVALID: {'; '.join(flags)}" if flags else "")
             )
+    if flagged:
+        print(f"snowfence: {flagged} ID{'s' if flagged != 1 else ''} cannot be valid for the layout", file=sys.stderr)
     return status
+
+
+def _id_flags(layout, fields, now_ms: int) -> list[str]:
+    """Why an ID cannot have been minted with ``layout``, if it cannot. Its time is never
+    before the epoch (the bits count from it); it can be in the future, and its shard bits
+    can disagree with its worker ID's."""
+    flags = []
+    ahead = fields.unix_ms - now_ms
+    if ahead > FUTURE_MARGIN_MS:
+        flags.append(f"from the future ({ahead / 86_400_000:,.1f} days past this host's clock)")
+    if layout.shard_bits:
+        expected = layout.shard_of(fields.region, fields.worker)
+        if fields.shard != expected:
+            flags.append(f"shard {fields.shard}, but region {fields.region} worker {fields.worker} is shard {expected}")
+    return flags
+
+
+def cmd_id_at(args: argparse.Namespace) -> int:
+    from .ids import unix_ms_of
+
+    try:
+        # The times first: a typo fails before a node is asked for its layout.
+        start, end = (None if t is None else unix_ms_of(t) for t in (args.time, args.end))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    layout = _layout_for(args)
+    try:
+        ranges = layout.bounds(start, end, closed=args.closed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for r in ranges:
+        if args.json:
+            print(orjson.dumps(r.to_dict()).decode())
+        else:
+            start, end = r.to_dict()["start"], r.to_dict()["end"]
+            print(f"{r.first} {r.last}  " + (f"shard={r.shard} " if layout.shard_bits else "") + f"{start} to {end}")
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
