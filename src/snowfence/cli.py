@@ -628,8 +628,9 @@ def cmd_id_at(args: argparse.Namespace) -> int:
         if args.json:
             print(orjson.dumps(r.to_dict()).decode())
         else:
-            start, end = r.to_dict()["start"], r.to_dict()["end"]
-            print(f"{r.first} {r.last}  " + (f"shard={r.shard} " if layout.shard_bits else "") + f"{start} to {end}")
+            doc = r.to_dict()
+            span = doc["start"] if r.start_ms == r.end_ms else f"{doc['start']} to {doc['end']}"
+            print(f"{r.first} {r.last}  " + (f"shard={r.shard} " if layout.shard_bits else "") + span)
     return 0
 
 
