@@ -1,6 +1,6 @@
 """snowfence: 64-bit, time-ordered IDs that are never issued twice."""
 
-from .clients import AsyncClient, Block, Client, as_array, as_numpy
+from .clients import AsyncClient, Block, Client, Watermark, as_array, as_numpy
 from .errors import (
     BadRequest,
     ClockUnsafe,
@@ -9,8 +9,9 @@ from .errors import (
     SnowfenceError,
     Timeout,
     Unavailable,
+    WatermarkUnavailable,
 )
-from .ids import DEFAULT_LAYOUT, Decoded, Layout, decode
+from .ids import DEFAULT_LAYOUT, Decoded, IdRange, Layout, decode
 
 __version__ = "0.1.0"
 
@@ -25,10 +26,13 @@ __all__ = [
     "DEFAULT_LAYOUT",
     "Decoded",
     "Fenced",
+    "IdRange",
     "Layout",
     "ReservationExpired",
     "SnowfenceError",
     "Timeout",
     "Unavailable",
+    "Watermark",
+    "WatermarkUnavailable",
     "decode",
 ]

@@ -260,6 +260,17 @@ def build_parser() -> argparse.ArgumentParser:
     _connect_arg(id_at, layout=True)
     _add_config_flags(id_at, LAYOUT_FIELDS)
 
+    mark = sub.add_parser(
+        "watermark",
+        help="Print the cluster's watermark: no ID of an earlier millisecond is minted after it is answered.",
+        description="Ask a node for the cluster's watermark W: a promise that no ID carrying a millisecond before "
+        "W is minted, by any node of the cluster, after the reply. Prints W's time, its Unix milliseconds, the "
+        "lowest ID of that millisecond (per shard, with shard bits) and how far W is behind this host's clock. "
+        "Exit status 1 while the node has promised none yet (it is starting, or its store is away).",
+    )
+    mark.add_argument("--json", action="store_true", help="Print one JSON object (IDs as strings).")
+    _connect_arg(mark)
+
     bench = sub.add_parser("bench", help="Load a running deployment and report IDs/s, requests/s and latency.")
     _connect_arg(bench, retries=False)
     seconds = _number(float, 0, 1_000_000, low_open=True, what="a number of seconds")
@@ -631,6 +642,26 @@ def cmd_id_at(args: argparse.Namespace) -> int:
             doc = r.to_dict()
             span = doc["start"] if r.start_ms == r.end_ms else f"{doc['start']} to {doc['end']}"
             print(f"{r.first} {r.last}  " + (f"shard={r.shard} " if layout.shard_bits else "") + span)
+    return 0
+
+
+def cmd_watermark(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        mark = client.watermark()
+        layout = client.layout()
+    lag_ms = time.time_ns() // 1_000_000 - mark.unix_ms
+    ids = mark.ids(layout)
+    if args.json:
+        doc = {
+            "unix_ms": mark.unix_ms,
+            "time": format_unix_ms(mark.unix_ms),
+            "lowest": [str(i) for i in ids] if layout.shard_bits else str(ids[0]),
+            "lag_ms": lag_ms,
+        }
+        print(orjson.dumps(doc).decode())
+    else:
+        lowest = " ".join(f"shard={s}:{i}" for s, i in enumerate(ids)) if layout.shard_bits else str(ids[0])
+        print(f"{format_unix_ms(mark.unix_ms)}  {mark.unix_ms}  lowest={lowest}  lag={lag_ms / 1000:.3f} s")
     return 0
 
 

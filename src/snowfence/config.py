@@ -87,6 +87,12 @@ class Config:
         "(workers come first). 0: every request goes to a worker.",
         metavar="N",
     )
+    watermark_interval_s: float = setting(
+        1.0,
+        "Seconds between the node's watermark rounds: each reads every worker ID's floor from the store and "
+        "promises the lowest (WATERMARK answers the last promise at once). 0: the node answers no WATERMARK.",
+        metavar="S",
+    )
 
     # -- identity and layout ----------------------------------------------------------
     region: int = setting(0, "Region number stamped into every ID this node mints.", metavar="R")
@@ -298,6 +304,8 @@ class Config:
             raise ConfigError(f"worker_credits must be 1..1024, got {self.worker_credits}")
         if not 0 <= self.broker_mint_max_ids <= 4096:
             raise ConfigError(f"broker_mint_max_ids must be 0..4096, got {self.broker_mint_max_ids}")
+        if not 0 <= self.watermark_interval_s <= 3600:
+            raise ConfigError(f"watermark_interval_s must be 0..3600, got {self.watermark_interval_s}")
         if not 0.1 <= self.worker_queue_ms <= 1000:
             raise ConfigError(f"worker_queue_ms must be 0.1..1000, got {self.worker_queue_ms}")
         _positive(

@@ -166,6 +166,20 @@ class StoreWentBack(SnowfenceError):
     retriable = True
 
 
+class WatermarkRecordUnreadable(SnowfenceError):
+    """The store's watermark record is not one snowfence wrote: no watermark is promised
+    past it until an operator deletes it (claims meanwhile wait out a quarantine)."""
+
+    code = "watermark_record_unreadable"
+
+
+class WatermarkUnavailable(SnowfenceError):
+    """No watermark has been promised yet (the node is starting, or its store is away)."""
+
+    code = "watermark_unavailable"
+    retriable = True
+
+
 class EtcdUnavailable(SnowfenceError):
     """etcd did not answer within the deadline."""
 

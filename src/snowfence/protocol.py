@@ -19,10 +19,12 @@ Integers are big-endian. Every body starts with the same 12-byte header::
     STATUS       0x02  header                                        (12 bytes)
     TIME         0x03  header                                        (12 bytes)
     NODES        0x04  header                                        (12 bytes)
+    WATERMARK    0x05  header                                        (12 bytes)
     BLOCK        0x81  header + first:u64 + count:u32                (24 bytes)
     STATUS_REPLY 0x82  header + UTF-8 JSON object
     TIME_REPLY   0x83  header + received:u64 + sent:u64 (Unix ns)    (28 bytes)
     NODES_REPLY  0x84  header + UTF-8 JSON {"cluster", "nodes": [...]}
+    WATERMARK_REPLY 0x85 header + unix_ms:u64 + lowest:u64           (28 bytes)
     ERROR        0xFF  header + UTF-8 JSON {"code", "message", "retriable"}
 
 A reply echoes the request's ``request_id``; 0 means the request could not be
@@ -74,10 +76,12 @@ RESERVE = 0x01
 STATUS = 0x02
 TIME = 0x03
 NODES = 0x04
+WATERMARK = 0x05
 BLOCK = 0x81
 STATUS_REPLY = 0x82
 NODES_REPLY = 0x84
 TIME_REPLY = 0x83
+WATERMARK_REPLY = 0x85
 ERROR = 0xFF
 
 FLAG_AFTER = 0x0001
@@ -93,6 +97,7 @@ _RESERVE = struct.Struct("!BBHQI")
 _RESERVE_AFTER = struct.Struct("!BBHQIQ")
 _BLOCK = struct.Struct("!BBHQQI")
 _TIME_REPLY = struct.Struct("!BBHQQQ")
+_WATERMARK_REPLY = struct.Struct("!BBHQQQ")
 
 HEADER_SIZE = HEADER.size
 RESERVE_SIZE = _RESERVE.size
@@ -124,6 +129,9 @@ class Reply(NamedTuple):
     times: tuple[int, int] | None = None
     #: NODES_REPLY: ``{"cluster": ..., "nodes": [{"node", "endpoints", "region", ...}, ...]}``.
     nodes: dict | None = None
+    #: WATERMARK_REPLY: (W in Unix ms, the lowest ID of W's millisecond in shard 0): no ID
+    #: carrying an earlier millisecond is minted after this reply.
+    watermark: tuple[int, int] | None = None
 
 
 # -- endpoints ---------------------------------------------------------------------
@@ -241,6 +249,14 @@ def encode_time_reply(request_id: int, received_ns: int, sent_ns: int) -> bytes:
     return _TIME_REPLY.pack(VERSION, TIME_REPLY, 0, request_id, received_ns, sent_ns)
 
 
+def encode_watermark(request_id: int) -> bytes:
+    return HEADER.pack(VERSION, WATERMARK, 0, request_id)
+
+
+def encode_watermark_reply(request_id: int, unix_ms: int, lowest: int) -> bytes:
+    return _WATERMARK_REPLY.pack(VERSION, WATERMARK_REPLY, 0, request_id, unix_ms, lowest)
+
+
 def encode_status(request_id: int) -> bytes:
     return HEADER.pack(VERSION, STATUS, 0, request_id)
 
@@ -286,6 +302,11 @@ def decode_reply(body: bytes) -> Reply:
             raise BadRequest(f"TIME reply of {len(body)} bytes, expected {_TIME_REPLY.size}")
         _, _, _, _, received, sent = _TIME_REPLY.unpack(body)
         return Reply(TIME_REPLY, request_id, times=(received, sent))
+    if type_ == WATERMARK_REPLY:
+        if len(body) != _WATERMARK_REPLY.size:
+            raise BadRequest(f"WATERMARK reply of {len(body)} bytes, expected {_WATERMARK_REPLY.size}")
+        _, _, _, _, unix_ms, lowest = _WATERMARK_REPLY.unpack(body)
+        return Reply(WATERMARK_REPLY, request_id, watermark=(unix_ms, lowest))
     raise BadRequest(f"unknown reply type 0x{type_:02x}")
 
 
@@ -333,9 +354,11 @@ def decode_request(body: bytes) -> Request:
         if not 1 <= count <= MAX_BLOCK:
             raise _with_id(BadRequest(f"count must be 1..{MAX_BLOCK}, got {count}"), body)
         return Request(RESERVE, request_id, count, after)
-    if type_ in (STATUS, TIME, NODES):
+    if type_ in (STATUS, TIME, NODES, WATERMARK):
         if size != HEADER_SIZE or flags:
-            raise _with_id(BadRequest(f"STATUS, TIME and NODES must be {HEADER_SIZE} bytes without flags"), body)
+            raise _with_id(
+                BadRequest(f"STATUS, TIME, NODES and WATERMARK must be {HEADER_SIZE} bytes without flags"), body
+            )
         return Request(type_, request_id)
     raise _with_id(BadRequest(f"unknown request type 0x{type_:02x}"), body)
 

@@ -335,7 +335,7 @@ def test_endpoint_problem_checks_connect_endpoints_by_default():
         (p.encode_reserve(5, 1, after=9)[:-1], "RESERVE with AFTER must be 24 bytes, got 23"),
         (p.encode_reserve(5, 1) + b"x", "RESERVE must be 16 bytes, got 17"),
         (struct.pack("!BBHQI", 1, 1, 0, 6, 0), f"count must be 1..{p.MAX_BLOCK}, got 0"),
-        (p.encode_status(5) + b"x", "STATUS, TIME and NODES must be 12 bytes without flags"),
+        (p.encode_status(5) + b"x", "STATUS, TIME, NODES and WATERMARK must be 12 bytes without flags"),
         (struct.pack("!BBHQ", 1, 0x33, 0, 8), "unknown request type 0x33"),
     ],
 )

@@ -43,6 +43,7 @@ from .supervisor import SIGNALS, Supervisor
 
 if TYPE_CHECKING:
     from .own import OwnWorkerId
+    from .watermark import Watermark
 
 log = logging.getLogger("snowfence.broker")
 
@@ -134,6 +135,8 @@ class Node:
         self.notifier: Notifier | None = None
         #: The broker's own worker ID, for small requests (``broker_mint_max_ids``).
         self.own: OwnWorkerId | None = None
+        #: The node's watermark rounds (``watermark_interval_s``; None: it answers no WATERMARK).
+        self.watermark: Watermark | None = None
         #: When the loop last gave the timers their turn (monotonic ns).
         self.loop_ns = time.monotonic_ns()
         self.supervisor = Supervisor(config, self._spawn, on_stop=self._on_stop, on_exit=self._on_exit)
@@ -230,6 +233,7 @@ class Node:
             sup.start()
             if self.config.broker_mint_max_ids:
                 self.start_own()
+            self.start_watermark()
             if self.membership is not None:
                 self.membership.start()
             # Bound and supervising: alive, whether or not a worker ID can be had yet
@@ -242,6 +246,8 @@ class Node:
                 signal.signal(sig, signal.SIG_DFL)
             if self.own is not None:
                 self.own.stop()
+            if self.watermark is not None:
+                self.watermark.stop()
             sup.kill_all(signal.SIGKILL)
             if self.membership is not None:
                 self.membership.stop()
@@ -398,6 +404,16 @@ class Node:
             self.own = own
             self.router.core.mint_own(own.mint, self.config.broker_mint_max_ids)
 
+    def start_watermark(self) -> None:
+        """The node's watermark: rounds on a thread of their own, answered from the loop."""
+        from ..store import open_store
+        from .watermark import Watermark
+
+        watermark = Watermark(self.config, open_store=open_store)
+        if watermark.start():
+            self.watermark = watermark
+            self.router.core.watermark = watermark
+
     def workers_settled(self) -> bool:
         """Every worker process of this node is connected and holds all its worker IDs.
         Read from the broker's own worker ID's thread: a snapshot of the links (taken
@@ -466,6 +482,11 @@ class Node:
             "mints_up_to": config.broker_mint_max_ids if self.own is not None else 0,
             "fast_port": self.router.fast.describe() if self.router and self.router.fast else None,
             "own_worker_id": self.own.describe() if self.own is not None else None,
+            "watermark": (
+                self.watermark.describe(time.time_ns() // 1_000_000 - config.layout.epoch_ms)
+                if self.watermark is not None
+                else None
+            ),
         }
 
 

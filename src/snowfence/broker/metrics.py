@@ -282,6 +282,20 @@ class Metrics:
             for why in ("bad_frame", "not_reading", "too_many"):
                 closed.add_metric([why], stats[why])
             fams.append(closed)
+        watermark = getattr(router, "watermark", None)
+        if watermark is not None:
+            lag = GaugeMetricFamily(
+                "snowfence_watermark_lag_seconds",
+                "How far the node's last watermark promise is behind its wall clock (NaN: none yet).",
+            )
+            promised = watermark.promised_ms
+            now_ms = time.time_ns() // 1_000_000 - watermark.config.layout.epoch_ms
+            lag.add_metric([], (now_ms - promised) / 1e3 if promised else float("nan"))
+            failures = GaugeMetricFamily(
+                "snowfence_watermark_round_failures", "Watermark rounds failed in a row (0: the last one succeeded)."
+            )
+            failures.add_metric([], watermark.failures)
+            fams.extend([lag, failures])
         if self.peers is not None:
             off = GaugeMetricFamily(
                 "snowfence_peer_clock_offset_seconds",

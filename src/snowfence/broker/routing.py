@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING
 from .. import __version__, latency, protocol
 from ..clock import pending_verdict
 from ..config import Config
-from ..errors import BadRequest, ClockUnsafe, Overloaded, SnowfenceError, Unavailable
+from ..errors import BadRequest, ClockUnsafe, Overloaded, SnowfenceError, Unavailable, WatermarkUnavailable
 from ..logs import event
 from ..refusals import refusal_for
 from .fair import Conn, FairQueue
@@ -211,6 +211,9 @@ class Routing:
         self._describe_broker = describe_broker or (lambda: {})
         #: The answer to NODES (the broker sets it: the cluster's membership as it sees it).
         self.describe_nodes: Callable[[], dict] = lambda: {"cluster": None, "nodes": []}
+        #: The node's watermark (``broker/watermark.py``; the broker sets it): WATERMARK
+        #: answers its last promise, ``promised_ms``. None: the node answers none.
+        self.watermark = None
         self.live_pids = live_pids
         #: When each worker process (pid) was last heard from (monotonic ns). Written
         #: here only; the supervisor reads it (its ``tick``'s argument) to kill a
@@ -233,6 +236,9 @@ class Routing:
             "state_unknown_keys": 0,
             "minted_here": 0,
             "ids_here": 0,
+            # WATERMARK requests answered with the last promise, and with none yet.
+            "watermark": 0,
+            "watermark_unavailable": 0,
         }
         self._next_bad_state_log_ns = 0
         self.max_inflight = config.max_inflight_per_client
@@ -290,8 +296,25 @@ class Routing:
             self.to_client(meta, addr, protocol.encode_time_reply(request.request_id, now, self._wall_clock()))
         elif request.type == protocol.NODES:
             self.to_client(meta, addr, protocol.encode_nodes_reply(request.request_id, self.describe_nodes()))
+        elif request.type == protocol.WATERMARK:
+            self.to_client(meta, addr, self.watermark_reply(request.request_id))
         elif self.admit(meta, addr, body, request.count):
             self.queued_ns[request.after is not None].counts[0] += 1
+
+    def watermark_reply(self, request_id: int) -> bytes:
+        """The node's last promise (see store/watermark.py), at once: no store call."""
+        promised = 0 if self.watermark is None else self.watermark.promised_ms
+        if not promised:
+            why = (
+                "this node answers no WATERMARK (watermark_interval_s is 0, or its store cannot be opened)"
+                if self.watermark is None
+                else "no watermark has been promised yet: the node is starting, or its store is away"
+            )
+            self.counters["watermark_unavailable"] += 1
+            return protocol.encode_error(request_id, WatermarkUnavailable(why))
+        self.counters["watermark"] += 1
+        layout = self.config.layout
+        return protocol.encode_watermark_reply(request_id, promised + layout.epoch_ms, promised << layout.time_shift)
 
     def mint_own(self, mint: Callable[[int], tuple[int, int] | None], max_ids: int) -> None:
         """Let the broker answer plain requests of up to ``max_ids`` IDs itself: ``mint(n)``

@@ -2,6 +2,6 @@
 
 from .aio import AsyncClient
 from .blocking import Client
-from .core import Block, as_array, as_numpy
+from .core import Block, Watermark, as_array, as_numpy
 
-__all__ = ["AsyncClient", "Block", "Client", "as_array", "as_numpy"]
+__all__ = ["AsyncClient", "Block", "Client", "Watermark", "as_array", "as_numpy"]

@@ -30,6 +30,7 @@ from .core import (
     ReserveJob,
     ReserveRound,
     StatusRound,
+    Watermark,
     open_dealer,
 )
 
@@ -385,6 +386,15 @@ class AsyncClient(ClientBase):
         """:meth:`snowfence.Layout.bounds` in the nodes' layout: per shard, the lowest and
         highest ID that can carry a time, or the range ``[start, end)`` (``closed``: end included)."""
         return (await self.layout()).bounds(start, end, closed=closed)
+
+    async def watermark(self) -> Watermark:
+        """The cluster's watermark W (:class:`~snowfence.clients.core.Watermark`): no ID
+        carrying a millisecond before ``W.unix_ms`` is minted, by any node, after this call
+        returns it. A pipeline that has seen every ID minted so far below ``W.lowest`` (per
+        shard: ``W.ids(layout)``) may close its window there. It lags the wall clock by
+        about the lease renewal interval plus the node's ``watermark_interval_s``. Raises
+        ``WatermarkUnavailable`` (retriable) while the node has promised none yet."""
+        return await self._ask_json("watermark")
 
     async def nodes(self) -> dict:
         """The cluster's live nodes as the broker sees them: ``{"cluster", "nodes": [...]}``."""

@@ -37,6 +37,13 @@ class Lease:
         self.claimed_mark_ms = mark_ms
         #: The highest millisecond we have persisted as ours to use.
         self.reserved_until_ms = mark_ms
+        #: What the holder promises never to mint below (ms since the epoch), published with
+        #: every extension of the mark: the keeper sets it from the minter just before.
+        #: A claim starts it above the mark it found.
+        self.floor_ms = mark_ms + 1
+        #: The cluster's watermark record as the claim read it (ms since the epoch; 0: none):
+        #: a watermark already answered that this holder must not mint below (see watermark.py).
+        self.watermark_ms = 0
         self.released = False
 
     def refresh(self) -> None:

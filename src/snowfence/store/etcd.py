@@ -42,12 +42,14 @@ from ..errors import (
     LeaseLost,
     SnowfenceError,
     StoreWentBack,
+    WatermarkRecordUnreadable,
     WorkerIdUnusable,
 )
 from ..etcd import keys, regions
 from ..etcd.client import Connection, etcd_call
 from ..ids import Layout
 from ..logs import event
+from . import watermark
 from .base import Lease, Store, exclusivity_lost
 from .genesis import Genesis, legacy_genesis, restore_base
 from .journal import Journal, Known
@@ -94,10 +96,13 @@ class EtcdLease(Lease):
         tx = self._store.client.transactions
         return [tx.create(self.claim_key) == self.token, tx.mod(self.mark_key) == self.mark_rev]
 
-    def _mark_value(self, mark_ms: int, version: int | None = None) -> bytes:
-        """The mark's next value: guarded on its mod_revision, so etcd gives it the next version."""
+    def _mark_value(self, mark_ms: int, version: int | None = None, released: bool = False) -> bytes:
+        """The mark's next value: guarded on its mod_revision, so etcd gives it the next version.
+        It carries the holder's floor (for the watermark), and whether the holder let go."""
         version = self.mark_version + 1 if version is None else version
-        return self._store.mark_value(mark_ms, self.holder, self.token, version)
+        return self._store.mark_value(
+            mark_ms, self.holder, self.token, version, floor_ms=self.floor_ms, released=released
+        )
 
     def refresh(self) -> None:
         ttl = None
@@ -196,11 +201,16 @@ class EtcdLease(Lease):
     def _release(self, mark_ms: int) -> None:
         client = self._store.client
         tx = client.transactions
-        success = [tx.delete(self.claim_key)]
-        if mark_ms < self.reserved_until_ms:
-            success[:0] = [tx.put(self.mark_key, self._mark_value(mark_ms)), tx.get(self.mark_key)]
+        # The mark is written at every release, lowered or not: it says the holder let go,
+        # so the watermark stops waiting for its floor.
+        mark_ms = min(mark_ms, self.reserved_until_ms)
+        success = [
+            tx.put(self.mark_key, self._mark_value(mark_ms, released=True)),
+            tx.get(self.mark_key),
+            tx.delete(self.claim_key),
+        ]
         ok, responses = client.transaction(compare=self._guard(), success=success, failure=[])
-        if ok and mark_ms < self.reserved_until_ms:
+        if ok:
             _, meta = responses[1][0]
             self._store.note_mark(self.worker_id, meta.mod_revision, mark_ms, meta)
             self.mark_rev, self.mark_version = meta.mod_revision, meta.version
@@ -568,10 +578,21 @@ class EtcdStore(Store):
 
     accept_restore = etcd_call(accept_restore)
 
-    def mark_value(self, mark_ms: int, holder: str, token: int | None, version: int) -> bytes:
+    def mark_value(
+        self,
+        mark_ms: int,
+        holder: str,
+        token: int | None,
+        version: int,
+        *,
+        floor_ms: int | None = None,
+        released: bool = False,
+    ) -> bytes:
         """A mark as snowfence writes it. ``version``: the version etcd gives the key with this
         write (every write is guarded on the one before it), so a value put back by hand,
-        an older one say, names a version the key no longer has (see :meth:`_floor`)."""
+        an older one say, names a version the key no longer has (see :meth:`_floor`).
+        ``floor_ms``: what its holder never mints below; ``released``: it let go (both for
+        the watermark)."""
         return orjson.dumps(
             {
                 "reserved_until_ms": mark_ms,
@@ -581,6 +602,8 @@ class EtcdStore(Store):
                 "store": self.genesis.store_id if self.genesis is not None else None,
                 "layout": self.layout.digest(),
                 "version": version,
+                "floor_ms": floor_ms,
+                "released": released,
             }
         )
 
@@ -772,7 +795,7 @@ class EtcdStore(Store):
         if max_mark_ms is not None and floor > max_mark_ms:
             return None
         _, mark_rev, mark_version = self._marks.get(worker_id, (None, 0, 0))
-        mark_value = self.mark_value(floor, holder, None, mark_version + 1)
+        mark_value = self.mark_value(floor, holder, None, mark_version + 1, floor_ms=floor + 1)
         for _ in range(3):
             genesis_create, genesis_mod = self._genesis_revs
             first_use = not self.genesis.is_used(self.region, worker_id)
@@ -791,7 +814,8 @@ class EtcdStore(Store):
             known = self._known()
             ok, responses = client.transaction(
                 compare=compare,
-                success=[*success, tx.get(claim_key), tx.get(mark_key)],
+                # The watermark record as of this claim: its minter starts at or above it.
+                success=[*success, tx.get(self.watermark_key()), tx.get(claim_key), tx.get(mark_key)],
                 failure=[tx.get(genesis_key)],
             )
             if ok:
@@ -810,7 +834,7 @@ class EtcdStore(Store):
         self._marks[worker_id] = (mark_value, mark_meta.mod_revision, mark_meta.version)
         token = claim_meta.create_revision
         self.note_mark(worker_id, mark_meta.mod_revision, floor, mark_meta)
-        return EtcdLease(
+        lease = EtcdLease(
             self,
             lease_id,
             worker_id,
@@ -821,8 +845,121 @@ class EtcdStore(Store):
             mark_rev=mark_meta.mod_revision,
             mark_version=mark_meta.version,
         )
+        lease.watermark_ms = self._watermark_floor(responses[-3])
+        return lease
 
     try_claim = etcd_call(try_claim)
+
+    # -- the watermark (see watermark.py) ------------------------------------------------
+
+    def watermark_key(self) -> str:
+        return self.prefix + "watermark"
+
+    def _watermark_floor(self, record_kv) -> int:
+        """The millisecond a claim that read ``record_kv`` must not mint below: the record's,
+        or, for a record that is not ours to read, a quarantine from now (it may hide any
+        watermark already answered)."""
+        try:
+            return watermark.decode(record_kv[0][0] if record_kv else None)
+        except ValueError as exc:
+            quarantine = self.quarantine_ms()
+            event(
+                log,
+                "watermark_record_unreadable",
+                f"the watermark record {self.watermark_key()} is unreadable ({exc}); this claim mints nothing "
+                f"for {quarantine} ms (quarantine)",
+                level=logging.WARNING,
+            )
+            return self._now_ms() + quarantine
+
+    def _floors(self, mark_kvs, claim_kvs, record_rev: int) -> list[watermark.Floor]:
+        """Every mark of the cluster (all regions), as the watermark reads it. A mark that
+        cannot be read has no floor (nothing is known of it)."""
+        claims = {}
+        for _, meta in claim_kvs:
+            place = keys.place(meta.key, self.prefix + "workers/")
+            if place is not None:
+                claims[place] = meta.create_revision
+        floors = []
+        for value, meta in mark_kvs:
+            place = keys.place(meta.key, self.prefix + "marks/")
+            if place is None:
+                continue
+            claimed = claims.get(place)
+            try:
+                mark = orjson.loads(value)
+                reserved = keys.mark_ms(mark, self.layout)
+                floor_ms, released = mark.get("floor_ms"), mark.get("released") is True
+                if floor_ms is not None and (type(floor_ms) is not int or floor_ms < 0):
+                    floor_ms = None
+            except (KeyError, TypeError, ValueError, AttributeError):
+                reserved, floor_ms, released = self.layout.max_ms, None, False
+            floors.append(
+                watermark.Floor(
+                    place[0],
+                    place[1],
+                    floor_ms,
+                    reserved,
+                    held=claimed is not None,
+                    released=released,
+                    saw_record=claimed is not None and claimed > record_rev,
+                )
+            )
+        marked = {(f.region, f.worker_id) for f in floors}
+        for place in claims:
+            if place not in marked:
+                # A claim without a mark (deleted by hand): its holder fences at its next
+                # renewal; until then nothing is known of it.
+                floors.append(watermark.Floor(place[0], place[1], None, self.layout.max_ms, held=True))
+        return floors
+
+    def watermark_round(self, now_ms: int, promised: int) -> int:
+        """One round (see watermark.py): read every mark; raise the record to the lowest
+        floor they allow; read them again in the same transaction as the raise. Returns
+        the highest millisecond now promised (``promised`` when this round earned no more)."""
+        client = self.client
+        tx = client.transactions
+        key = self.watermark_key()
+        marks, claims = self.prefix + "marks/", self.prefix + "workers/"
+        reads = [tx.get(marks, keys.range_end(marks)), tx.get(claims, keys.range_end(claims))]
+        _, (genesis_kv, mark_kvs, claim_kvs) = client.transaction(
+            compare=[], success=[tx.get(self.layout_key()), *reads], failure=[]
+        )
+        skew = self.config.max_clock_skew_ms
+        genesis = self._parse_genesis(genesis_kv[0][0]) if genesis_kv else None
+        if not watermark.settled(genesis, self.layout, now_ms, skew):
+            return promised
+        wanted = watermark.candidate(self._floors(mark_kvs, claim_kvs, 0), now_ms, skew)
+        if wanted <= promised:
+            return promised
+        value = watermark.encode(wanted)
+        ok, responses = client.transaction(
+            compare=[tx.value(key) < value],
+            success=[tx.put(key, value), tx.get(key), *reads],
+            failure=[tx.get(key), *reads],
+        )
+        record = responses[1] if ok else responses[0]
+        if not ok and not record:  # no record yet: create it
+            ok, responses = client.transaction(
+                compare=[tx.version(key) == 0],
+                success=[tx.put(key, value), tx.get(key), *reads],
+                failure=[tx.get(key), *reads],
+            )
+            record = responses[1] if ok else responses[0]
+        if not record:
+            return promised  # deleted in between: the next round writes it again
+        record_value, record_meta = record[0]
+        try:
+            at = watermark.decode(record_value)
+        except ValueError as exc:
+            raise WatermarkRecordUnreadable(f"the watermark record {key} is unreadable ({exc})") from None
+        if at < wanted:
+            return promised
+        mark_kvs, claim_kvs = responses[-2], responses[-1]
+        floors = self._floors(mark_kvs, claim_kvs, record_meta.mod_revision)
+        return wanted if watermark.holds(wanted, floors, now_ms, skew) else promised
+
+    watermark_round = etcd_call(watermark_round)
 
     def describe(self) -> dict:
         return {"store": "etcd", "cluster": self.config.cluster, "endpoints": list(self.config.etcd)}

@@ -77,10 +77,12 @@ from ..errors import (
     StateDirBusy,
     StateDirError,
     StoreWentBack,
+    WatermarkRecordUnreadable,
     WorkerIdUnusable,
 )
 from ..ids import Layout
 from ..logs import event
+from . import watermark
 from .base import Lease, Store, exclusivity_lost
 from .durable import _fsync_dir, _tmp_name, _write_synced, write_atomic
 from .genesis import Genesis, legacy_genesis, restore_base
@@ -332,13 +334,15 @@ class FileLease(Lease):
         with self._store.region_lock():
             self.check()
 
-    def _checked_write(self, mark_ms: int) -> None:
-        """Compare, then rename, under the region lock: a second holder cannot interleave."""
+    def _checked_write(self, mark_ms: int, released: bool = False) -> None:
+        """Compare, then rename, under the region lock: a second holder cannot interleave.
+        The floor file follows the mark: the holder's floor, or that it let go (the watermark's)."""
         try:
             with self._store.region_lock():
                 self.check()
                 self._store.write_mark(self.worker_id, mark_ms, self.token, self.holder, rev=self.rev + 1)
                 self.rev += 1
+                self._store.write_floor(self.worker_id, self.floor_ms, self.token, released=released)
         except OSError as exc:
             raise StateDirError(
                 f"cannot persist the mark of worker ID {self.worker_id}: {exc.strerror or exc}"
@@ -354,11 +358,11 @@ class FileLease(Lease):
         if self.released:
             return
         try:
-            lowered = max(last_used_ms, self.claimed_mark_ms)
-            if lowered < self.reserved_until_ms:
-                # Lowering is a write like any other: only while the worker ID is ours.
-                self._checked_write(lowered)
-                self.reserved_until_ms = lowered
+            # Lowering is a write like any other: only while the worker ID is ours. It is
+            # written even when nothing is lowered: it says the holder let go (the watermark's).
+            lowered = min(max(last_used_ms, self.claimed_mark_ms), self.reserved_until_ms)
+            self._checked_write(lowered, released=True)
+            self.reserved_until_ms = lowered
         finally:
             self.abandon()
 
@@ -751,7 +755,7 @@ class FileStore(Store):
                 free += 1
         return free
 
-    def witness_names(self, worker_id: int) -> tuple[str, str]:
+    def witness_names(self, worker_id: int, region: int | None = None) -> tuple[str, str]:
         """The abstract socket names a holder of ``worker_id`` binds: the state directory by
         its real path (a directory removed and made again at that path is still this store
         to a claimer), and by its device and inode (a bind mount, a symlink or a container's
@@ -760,15 +764,16 @@ class FileStore(Store):
             st = os.stat(self.root)
         except OSError as exc:
             raise StateDirError(f"state directory {self.root} is not usable: {exc.strerror or exc}") from None
-        where = f"{self.region}:{worker_id}"
+        where = f"{self.region if region is None else region}:{worker_id}"
         return f"\0{self._witness_prefix}:{where}", f"\0snowfence:dir-{st.st_dev:x}-{st.st_ino:x}:{where}"
 
-    def _bind_witnesses(self, worker_id: int) -> tuple[socket.socket, ...] | None:
-        """The kernel's witnesses that this process holds ``worker_id``; None if a live process
-        holds either name (then a name bound before it is let go at once)."""
+    def _bind_witnesses(self, worker_id: int, region: int | None = None) -> tuple[socket.socket, ...] | None:
+        """The kernel's witnesses that this process holds ``worker_id`` (of ``region``: this
+        store's by default); None if a live process holds either name (then a name bound
+        before it is let go at once)."""
         bound: list[socket.socket] = []
         try:
-            for name in self.witness_names(worker_id):
+            for name in self.witness_names(worker_id, region):
                 try:
                     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
                 except OSError as exc:  # out of descriptors, say
@@ -932,15 +937,125 @@ class FileStore(Store):
                 token, rev = mark.token + 1, mark.rev + 1
                 self.write_mark(worker_id, mark_ms, token, holder, rev=rev)  # rewritten with a checksum
                 self.journal.note_mark(self.region, worker_id, rev, mark_ms)
+                # A watermark already answered (read under the region lock, which every
+                # watermark round takes after raising the record): the minter starts above it.
+                watermark_ms = self._watermark_floor()
+                self.write_floor(worker_id, max(mark_ms + 1, watermark_ms), token)
             except OSError as exc:
                 os.close(fd)
                 raise StateDirError(f"cannot claim worker ID {worker_id}: {exc.strerror or exc}") from None
             except BaseException:
                 os.close(fd)
                 raise
-        return FileLease(
+        lease = FileLease(
             self, fd, (st.st_dev, st.st_ino), worker_id, token, mark_ms, holder, rev=rev, witnesses=witnesses
         )
+        lease.watermark_ms = watermark_ms
+        lease.floor_ms = max(lease.floor_ms, watermark_ms)
+        return lease
+
+    # -- the watermark (see watermark.py) ------------------------------------------------
+
+    def _watermark_path(self) -> Path:
+        return self.root / "watermark"
+
+    def read_watermark(self) -> int:
+        """The watermark record's millisecond (0: none). Raises WatermarkRecordUnreadable."""
+        path = self._watermark_path()
+        try:
+            return watermark.decode(path.read_bytes())
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise StateDirError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise WatermarkRecordUnreadable(f"the watermark record {path} is unreadable ({exc})") from None
+
+    def _watermark_floor(self) -> int:
+        """What a claim must not mint below for the watermark: the record's millisecond, or,
+        for a record that is not ours to read, a quarantine from now (it may hide any
+        watermark already answered)."""
+        try:
+            return self.read_watermark()
+        except WatermarkRecordUnreadable as exc:
+            return self._unknown_floor(-1, None, str(exc))
+
+    def _floor_path(self, worker_id: int, region_dir: Path | None = None) -> Path:
+        return (self.dir if region_dir is None else region_dir) / f"worker-{worker_id}.floor"
+
+    def write_floor(self, worker_id: int, floor_ms: int, token: int, *, released: bool = False) -> None:
+        """What the holder of ``worker_id`` never mints below, or that it let go. Renamed into
+        place but not fsynced: after a crash of the host no holder is left to keep it."""
+        path = self._floor_path(worker_id)
+        tmp = _tmp_name(path)
+        tmp.write_bytes(orjson.dumps({"floor_ms": floor_ms, "token": token, "released": released}))
+        os.replace(tmp, path)
+
+    def _region_floors(self, region: int, region_dir: Path) -> list[watermark.Floor]:
+        """Every worker ID of a region as the watermark reads it (under the region's lock):
+        held if the kernel's witness is taken; its reservation from its mark, its floor from
+        its floor file (nothing known of either: none)."""
+        floors = []
+        for worker_id in range(self.layout.max_worker + 1):
+            witnesses = self._bind_witnesses(worker_id, region)
+            held = witnesses is None
+            for witness in witnesses or ():
+                witness.close()
+            mark_path = region_dir / f"worker-{worker_id}.mark"
+            floor_path = self._floor_path(worker_id, region_dir)
+            try:
+                reserved = orjson.loads(mark_path.read_bytes())["reserved_until_ms"]
+                if type(reserved) is not int:
+                    raise TypeError
+                has_mark = True
+            except FileNotFoundError:
+                reserved, has_mark = -1, False
+            except (OSError, ValueError, KeyError, TypeError):
+                reserved, has_mark = self.layout.max_ms, True
+            try:
+                doc = orjson.loads(floor_path.read_bytes())
+                floor_ms, released = doc["floor_ms"], doc.get("released") is True
+                if type(floor_ms) is not int:
+                    raise TypeError
+            except FileNotFoundError:
+                floor_ms, released = None, False
+            except (OSError, ValueError, KeyError, TypeError):
+                floor_ms, released = None, False
+            if not held and not has_mark and floor_ms is None:
+                continue  # never used here, or its state removed with no live holder
+            floors.append(watermark.Floor(region, worker_id, floor_ms, reserved, held=held, released=released))
+        return floors
+
+    def _region_dirs(self) -> list[tuple[int, Path]]:
+        out = []
+        try:
+            for path in (self.root / "regions").iterdir():
+                if path.name.isdigit() and 0 <= int(path.name) <= self.layout.max_region:
+                    out.append((int(path.name), path))
+        except OSError:
+            pass
+        return sorted(out)
+
+    def watermark_round(self, now_ms: int, promised: int) -> int:
+        """One round (see watermark.py): read every worker ID's floor; raise the record to
+        the lowest they allow (under the state directory's lock, durably); then read them
+        again under each region's lock, which every claim takes to read the record. One host
+        has one clock: no skew. Returns the highest millisecond now promised."""
+        if not watermark.settled(self.read_genesis(), self.layout, now_ms, 0):
+            return promised
+        regions = self._region_dirs()
+        floors = [f for region, path in regions for f in self._region_floors(region, path)]
+        wanted = watermark.candidate(floors, now_ms, 0)
+        if wanted <= promised:
+            return promised
+        with self.root_lock():
+            if self.read_watermark() < wanted:
+                write_atomic(self._watermark_path(), watermark.encode(wanted))
+        floors = []
+        for region, path in self._region_dirs():
+            with RegionLock(path):
+                floors.extend(self._region_floors(region, path))
+        return wanted if watermark.holds(wanted, floors, now_ms, 0) else promised
 
     def describe(self) -> dict:
         return {"store": "embedded", "state_dir": str(self.root)}

@@ -130,7 +130,8 @@ class Held:
             clock_policy=config.clock_policy,
             max_ahead_ms=config.max_ahead_ms,
         )
-        minter.start_after(lease.claimed_mark_ms)
+        # Above the previous owner's mark, and never below a watermark already answered.
+        minter.start_after(max(lease.claimed_mark_ms, lease.watermark_ms - 1))
         keeper = make_keeper(
             lease,
             minter,
@@ -483,6 +484,7 @@ class WorkerCore:
             return
         if minter.clock_unsafe:
             minter.clock_recovered()  # clears the flag once the clock has passed last_ms
+        minter.raise_floor()
         state, reason = next_state(
             worker_id=held.lease.worker_id,
             renewals=held.keeper.renewals,

@@ -94,6 +94,11 @@ class Keeper(threading.Thread):
         self.last_renewal_latency_s = (self._mono_ns() - sent) / 1e9
         now_ms = minter.now_ms()
         wanted = min(now_ms + self.window_ms, minter.layout.max_ms)
+        # Every mint from now on carries last_ms or more (the minting thread only raises it):
+        # the extension publishes it as this holder's floor, for the watermark.
+        floor_ms = minter.last_ms
+        if floor_ms > lease.floor_ms:
+            lease.floor_ms = floor_ms
         if wanted > lease.reserved_until_ms:
             lease.extend(wanted)
         else:

@@ -138,6 +138,18 @@ class Minter:
             self.last_ms = mark_ms
             self.seq = self._max_seq
 
+    def raise_floor(self) -> None:
+        """Promise never to mint below the wall clock's millisecond (nor, on a clock that
+        ran past the reservation, above it): ``last_ms`` moves up to it as if it had been
+        used up. Every later mint carries ``last_ms`` or more, so the lease keeper publishes
+        ``last_ms`` as the holder's floor, and an idle worker ID's floor keeps up with time
+        (the watermark waits for the lowest floor). On the minting thread only, like
+        :meth:`reserve`; it mints nothing and costs the hot path nothing."""
+        target = min(self._wall_ns() // 1_000_000 - self._epoch_ms, self.reserved_until_ms + 1) - 1
+        if target > self.last_ms:
+            self.last_ms = target
+            self.seq = self._max_seq
+
     def floor_after(self, after: int) -> int:
         """The earliest millisecond whose IDs from this worker ID all sort after ``after``.
 

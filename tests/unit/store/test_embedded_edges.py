@@ -249,14 +249,15 @@ def test_a_lock_file_that_cannot_be_checked_is_a_state_dir_error_naming_it(tmp_p
     assert str(info.value) == f"cannot check the lock file {lock}: Permission denied"
 
 
-def test_a_release_at_the_mark_writes_nothing_and_one_below_lowers_it(tmp_path):
+def test_a_release_at_the_mark_keeps_it_and_one_below_lowers_it(tmp_path):
     s = store(tmp_path)
     lease = s.try_claim(0, HOLDER, None)
     lease.extend(3_000)
-    mark = region(tmp_path) / "worker-0.mark"
-    before = os.stat(mark).st_ino
-    lease.release(3_000)  # nothing to lower: no write (a write is a new file, renamed over)
-    assert os.stat(mark).st_ino == before and lease.released
+    floor = region(tmp_path) / "worker-0.floor"
+    assert orjson.loads(floor.read_bytes())["released"] is False
+    lease.release(3_000)  # nothing to lower: the mark stays where it is, and says the holder let go
+    assert s.read_mark(0)[0] == 3_000 and lease.released
+    assert orjson.loads(floor.read_bytes())["released"] is True
     again = s.try_claim(0, HOLDER, None)
     again.extend(9_000)
     again.release(6_000)

@@ -51,7 +51,7 @@ def elsewhere(tmp_path, layout=DEFAULT_LAYOUT) -> FileStore:
     (an abstract socket) is not shared there, so only the files and their locks guard."""
     s = store(tmp_path, layout)
     names = s.witness_names
-    s.witness_names = lambda worker_id: tuple(name + "-elsewhere" for name in names(worker_id))
+    s.witness_names = lambda worker_id, region=None: tuple(name + "-elsewhere" for name in names(worker_id, region))
     return s
 
 

@@ -275,6 +275,8 @@ def test_extend_persists_the_mark_with_its_token_and_holder(etcd):
         "store": etcd.genesis.store_id,
         "layout": store.layout.digest(),
         "version": 2,  # the claim wrote the first, this extension the second
+        "floor_ms": 1,  # what the holder promises not to mint below (its claim's: the mark found, plus one)
+        "released": False,
     }
     assert etcd.server.kv[PREFIX + "marks/1/1"].lease == 0  # the mark outlives the owner
     lease.abandon()
@@ -334,18 +336,17 @@ def test_release_never_lowers_the_mark_below_the_one_claimed(etcd):
     assert etcd.mark(0) == lease.reserved_until_ms == NOW_MS + 300
 
 
-def test_release_with_nothing_reserved_past_the_last_ms_used_writes_no_mark(etcd):
+def test_release_with_nothing_reserved_past_the_last_ms_used_keeps_the_mark_and_says_it_let_go(etcd):
     store = etcd.store()
     lease = claim(store, preferred=0)
     lease.extend(NOW_MS + 10)
-    before = etcd.server.kv[PREFIX + "marks/1/0"].mod_revision
+    assert etcd.json("marks/1/0")["released"] is False
     lease.release(NOW_MS + 10)
-    assert etcd.server.kv[PREFIX + "marks/1/0"].mod_revision == before
+    assert etcd.mark(0) == NOW_MS + 10 and etcd.json("marks/1/0")["released"] is True
     unused = claim(store, preferred=1)  # its claim wrote its first mark, at 0
-    before = etcd.server.kv[PREFIX + "marks/1/1"].mod_revision
     unused.release(NOW_MS + 99)  # past what was reserved (nothing): the mark stays, none is raised
     assert etcd.mark(1) == 0 and unused.reserved_until_ms == 0
-    assert etcd.server.kv[PREFIX + "marks/1/1"].mod_revision == before
+    assert etcd.json("marks/1/1")["released"] is True
     assert etcd.claimed() == set()
 
 

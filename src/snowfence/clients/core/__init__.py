@@ -27,7 +27,7 @@ The one thing here that touches a socket is how both clients open theirs
 
 from __future__ import annotations
 
-from .blocks import Block, as_array, as_numpy, check_after, check_count
+from .blocks import Block, Watermark, as_array, as_numpy, check_after, check_count
 from .client import MAX_TIMEOUT_S, ClientBase
 from .directory import DISCOVER_EVERY_S, DISCOVER_TIMEOUT_S, Directory
 from .fastpath import FAST_CONNECT_TIMEOUT_S, FAST_RETRY_S, KEEP, FastPath, fits_one_request
@@ -58,6 +58,7 @@ __all__ = [
     "KEEP",
     "MAX_TIMEOUT_S",
     "Block",
+    "Watermark",
     "ClientBase",
     "Core",
     "Directory",

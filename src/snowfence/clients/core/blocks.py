@@ -7,9 +7,29 @@ and causal tokens a call takes are checked here, before anything is sent.
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from ...errors import BadRequest
+
+
+class Watermark(NamedTuple):
+    """A promise about the past: no ID carrying a millisecond before ``unix_ms`` is minted,
+    by any node of the cluster, after the reply that carried it. ``lowest`` is the lowest
+    ID of that millisecond in shard 0: with no shard bits, every ID minted later is at or
+    above it (with shard bits, :meth:`ids` gives one per shard)."""
+
+    unix_ms: int
+    lowest: int
+
+    @property
+    def time(self) -> _dt.datetime:
+        return _dt.datetime.fromtimestamp(self.unix_ms / 1000, tz=_dt.UTC)
+
+    def ids(self, layout) -> tuple[int, ...]:
+        """Per shard, the lowest ID every later mint of that shard is at or above."""
+        return tuple(r.first for r in layout.bounds(self.unix_ms))
 
 
 class Block:

@@ -50,6 +50,12 @@ class Core:
         self.inflight[rid] = pending
         return pending, protocol.encode_status(rid)
 
+    def watermark(self, deadline_ns: int, job: object = None) -> tuple[Pending, bytes]:
+        rid = next(self._ids)
+        pending = Pending(rid, protocol.WATERMARK, 0, deadline_ns, job)
+        self.inflight[rid] = pending
+        return pending, protocol.encode_watermark(rid)
+
     def nodes(self, deadline_ns: int, job: object = None) -> tuple[Pending, bytes]:
         rid = next(self._ids)
         pending = Pending(rid, protocol.NODES, 0, deadline_ns, job)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ... import protocol
 from ...errors import BadRequest, Overloaded, SnowfenceError
-from .blocks import Block, check_after, check_count
+from .blocks import Block, Watermark, check_after, check_count
 from .inflight import Pending
 
 if TYPE_CHECKING:
@@ -291,13 +291,17 @@ class StatusRound:
 
     def request(self, now_ns: int) -> tuple[Pending, bytes]:
         self.endpoint = self.client.endpoint
-        ask = self.client._core.nodes if self.what == "nodes" else self.client._core.status
+        ask = getattr(self.client._core, self.what)  # status, nodes or watermark
         return ask(now_ns + self.client._timeout_ns)
 
-    def on_reply(self, reply: protocol.Reply) -> dict:
+    def on_reply(self, reply: protocol.Reply):
         self.client.directory.answered()
         if reply.error is not None:
             raise reply.error
+        if self.what == "watermark":
+            if reply.watermark is None:
+                raise BadRequest(f"the server answered a watermark request with reply type 0x{reply.type:02x}")
+            return Watermark(*reply.watermark)
         answer = reply.nodes if self.what == "nodes" else reply.status
         if answer is None:
             raise BadRequest(f"the server answered a {self.what} request with reply type 0x{reply.type:02x}")
