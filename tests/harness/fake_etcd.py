@@ -177,7 +177,10 @@ class EtcdServer:
         for c in compare:
             have = _compare_target(c, self.kv.get(c.key))
             want = c.value
-            if c.op == tx.etcdrpc.Compare.EQUAL:
+            if have is None:
+                # etcd: a comparison of the value of a key that does not exist always fails.
+                hold = False
+            elif c.op == tx.etcdrpc.Compare.EQUAL:
                 hold = have == want
             elif c.op == tx.etcdrpc.Compare.NOT_EQUAL:
                 hold = have != want

@@ -30,6 +30,9 @@ from snowfence.etcd.cluster import Cluster  # noqa: E402
 from snowfence.store.etcd import EtcdStore  # noqa: E402
 
 TTL_S = 2
+#: The wall clock the script's watermark rounds read (ms since the epoch): long past every mark,
+#: and past the store's new-store window whichever day the test runs.
+NOW_MS = 10**12
 LAYOUT = dict(time_bits=53, region_bits=2, worker_bits=2, sequence_bits=6)
 
 
@@ -52,7 +55,9 @@ def script(stores, mark_of, delete_claim, lapse) -> list:
     b = call("claim b", lambda: b_store.claim(None, "b", 1000, 10_000))
     seen.append(("ids", a.worker_id, b.worker_id, a.claimed_mark_ms, b.claimed_mark_ms))
     call("a refresh", a.refresh)
+    a.floor_ms, b.floor_ms = 3000, 2000  # what their keepers would publish: they never mint below
     call("a extend", lambda: a.extend(5000))
+    call("b extend", lambda: b.extend(2500))
     seen.append(("mark a", mark_of(a.worker_id)))
     delete_claim(a.worker_id)
     c = call("claim c", lambda: c_store.claim(a.worker_id, "c", 6000, 10_000))  # past a's mark
@@ -60,7 +65,12 @@ def script(stores, mark_of, delete_claim, lapse) -> list:
     call("a extend after losing it", lambda: a.extend(6000))
     seen.append(("mark after a's refused extension", mark_of(a.worker_id)))
     call("a refresh after losing it", a.refresh)  # its lease still lives
+    c.floor_ms = 6500
     call("c extend", lambda: c.extend(7000))
+    # The watermark: a round reads every mark, raises the record (value < candidate, or a
+    # record not there yet) and reads them again in the same transaction.
+    seen.append(("watermark while held", call("round", lambda: a_store.watermark_round(NOW_MS, 0))))
+    seen.append(("watermark again", call("round again", lambda: a_store.watermark_round(NOW_MS, 0))))
     call("a release after losing it", lambda: a.release(5500))
     seen.append(("mark after a's refused release", mark_of(a.worker_id)))
     call("c release", lambda: c.release(6000))
@@ -69,7 +79,8 @@ def script(stores, mark_of, delete_claim, lapse) -> list:
     call("b refresh after its lease lapsed", b.refresh)
     call("b extend after its lease lapsed", lambda: b.extend(9000))
     d = call("claim d", lambda: c_store.claim(b.worker_id, "d", 1000, 10_000))
-    seen.append(("d took b's worker ID", d.worker_id == b.worker_id, d.token > b.token))
+    seen.append(("d took b's worker ID", d.worker_id == b.worker_id, d.token > b.token, d.watermark_ms))
+    seen.append(("watermark after releases", call("round after", lambda: a_store.watermark_round(NOW_MS, 0))))
     return seen
 
 
