@@ -17,6 +17,8 @@ from the clients' records and the nodes' logs:
 * every block decodes to a worker ID that the node which answered held at the
   time (claim and release events in the nodes' JSON logs, on the shared
   monotonic clock);
+* no block asked for after a watermark reply was received carries a millisecond
+  below that watermark (any node's block, any node's watermark);
 
 and reports availability: the share of calls answered during each fault, and
 the time from each fault's end to full service.
@@ -432,6 +434,9 @@ class Verdict:
     outcomes: Counter = field(default_factory=Counter)
     faults: list[dict] = field(default_factory=list)
     duration_s: float = 0.0
+    #: Watermarks the clients were answered, and how far each was behind the wall clock.
+    watermarks: int = 0
+    watermark_lag_ms: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -494,6 +499,9 @@ def check(w: World, outs: list[Path], faults: list[FaultRecord]) -> Verdict:
     v.calls = len(calls)
     v.blocks = len(blocks)
     v.ids = sum(r[5] for r in blocks)
+    marks = sorted(m for out in outs for m in recorder.read_watermarks(str(out)))
+    v.watermarks = len(marks)
+    v.watermark_lag_ms = sorted(m[4] - m[3] for m in marks)
 
     # 1. Every acknowledged ID is unique.
     spans = sorted((r[4], r[4] + r[5] - 1) for r in blocks)
@@ -526,6 +534,25 @@ def check(w: World, outs: list[Path], faults: list[FaultRecord]) -> Verdict:
         node, wid = names[r[2]], w.layout.decompose(r[4]).worker
         if not any(s - slack <= r[1] and r[0] <= e + slack for s, e in owned.get((node, wid), ())):
             v.violations.append(f"{node} answered with worker ID {wid} at {r[0]}-{r[1]} ns without holding it")
+
+    # 4. No block asked for after a watermark was answered is below it.
+    by_reply = sorted((m[1], m[3], m[2]) for m in marks)  # (received, unix ms, node index)
+    received = [m[0] for m in by_reply]
+    highest = []  # the highest watermark answered by each moment, and which reply
+    for m in by_reply:
+        highest.append(m if not highest or m[1] > highest[-1][1] else highest[-1])
+    epoch = w.layout.epoch_ms
+    for r in blocks:
+        i = bisect.bisect_left(received, r[0]) - 1  # replies received before this call was sent
+        if i < 0:
+            continue
+        at, mark, by = highest[i]
+        minted = w.layout.ms_of(r[4]) + epoch
+        if minted < mark:
+            v.violations.append(
+                f"block {r[4]} from {names[r[2]]} (sent {r[0]}) carries {minted} ms, below the watermark "
+                f"{mark} ms that {names[by] if by < len(names) else by} answered at {at}"
+            )
 
     # Availability during each fault, and recovery.
     calls.sort()
@@ -567,6 +594,12 @@ def report(v: Verdict) -> str:
             f"| {f['kind']} | {f['target']} | {f['seconds']} | {f['calls']} | {answered} | "
             f"{'never' if f['to_full_service_s'] is None else f['to_full_service_s']} |"
         )
+    if v.watermarks:
+        lags = v.watermark_lag_ms
+        lines.append(
+            f"watermarks answered {v.watermarks:,}; lag behind the wall clock p50 {lags[len(lags) // 2]} ms, "
+            f"p99 {lags[min(len(lags) - 1, len(lags) * 99 // 100)]} ms, max {lags[-1]} ms"
+        )
     lines.append(f"violations: {len(v.violations)}")
     lines.extend(f"  {x}" for x in v.violations)
     return "\n".join(lines)
@@ -587,6 +620,16 @@ def broken_copy(root: Path, guard: str) -> str:
         edits = {
             dst / "workers" / "minter.py": [("        if mark_ms >= self.last_ms:", "        if False:")],
             dst / "workers" / "states.py": [("    if now_ms <= mark_ms:", "    if False:")],
+        }
+    elif guard == "watermark-claim":
+        # A claim no longer starts above the watermark record it read.
+        edits = {
+            dst / "workers" / "core.py": [
+                (
+                    "minter.start_after(max(lease.claimed_mark_ms, lease.watermark_ms - 1))",
+                    "minter.start_after(lease.claimed_mark_ms)",
+                )
+            ]
         }
     else:
         raise ValueError(f"unknown guard {guard!r}")
@@ -699,3 +742,63 @@ def skewed_takeover(root: Path, pythonpath: str | None = None, log=print) -> Ver
         return verdict
     finally:
         w.close()
+
+
+def watermark_behind(root: Path, pythonpath: str | None = None, log=print) -> Verdict:
+    """Clients learn the watermark from n0; then n1 claims worker IDs never used before,
+    with its workers' clocks 4 s behind (its broker's honest, so its peers vouch for it).
+
+    Nothing but the watermark record stops n1 from minting below a watermark already
+    answered: such a worker ID's mark is long past. With the record, n1's minters start
+    above it (and wait for their clocks to pass it); without it, n1 mints 4 s in the past.
+    """
+    layout = Layout(time_bits=41, region_bits=3, worker_bits=2, sequence_bits=17)
+    w = World(
+        root,
+        nodes_count=1,
+        workers=1,
+        clients=2,
+        client_pause_s=0.001,
+        pythonpath=pythonpath,
+        layout=layout,
+        layout_args=["--worker-bits", "2", "--sequence-bits", "17"],
+    )
+    behind = None
+    try:
+        w.start()  # n0: one worker ID, and its broker's own
+        w.start_recorders()
+        wait_for(lambda: _watermarks_answered(w) or None, 30, what="watermarks from n0")
+        time.sleep(1.0)
+        behind = ClockTable(w.root / "clock-table-behind", w.clock.library)
+        behind.shift_all(-4000)
+        env = {**behind.env(), **({"PYTHONPATH": pythonpath} if pythonpath else {})}
+        w.proxies["n1"] = [Proxy("127.0.0.1", m.client_port) for m in w.etcd.members]
+        store_args = ["--etcd", ",".join(p.url for p in w.proxies["n1"]), "--cluster", "chaos"]
+        args = [*store_args, "--log-format", "json", *w.layout_args, *TIMING_ARGS, "--broker-mint-max-ids", "0"]
+        n1 = w.nodes["n1"] = Node(w.root, "n1", workers=2, args=tuple(args), env=env)
+        start = mono_ns()
+        n1.start()
+        behind.shift_pid(n1.pid, 4000)  # the broker's clock is honest: only its workers' are behind
+        n1.wait_ready(timeout_s=30)
+        endpoints = [n.endpoint for n in w.nodes.values()]
+        out = w.root / "client-late.bin"
+        cmd = [sys.executable, str(HARNESS / "recorder.py"), str(out), "7", "0.001", *endpoints]
+        w.recorders.append((subprocess.Popen(cmd, env={**os.environ, **env}), out))
+        time.sleep(4.0)
+        end = mono_ns()
+        outs = w.stop_clients()
+        verdict = check(w, outs, [FaultRecord("watermark_behind", "n1's workers 4 s behind", start, end, end)])
+        log(report(verdict))
+        return verdict
+    finally:
+        w.close()
+        if behind is not None:
+            behind.close()
+
+
+def _watermarks_answered(w: World) -> bool:
+    """Whether n0 promises a watermark yet (its STATUS says)."""
+    try:
+        return bool((w.nodes["n0"].status()["broker"].get("watermark") or {}).get("unix_ms"))
+    except SnowfenceError:
+        return False

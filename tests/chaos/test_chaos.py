@@ -54,3 +54,17 @@ def test_the_checker_catches_a_broken_mark_wait(tmp_path):
     verdict = chaos.skewed_takeover(tmp_path / "run", pythonpath=broken)
     assert not verdict.ok, "with the high-water-mark wait disabled, the run must show repeated IDs"
     assert any("duplicate IDs" in v or "is not above" in v for v in verdict.violations)
+
+
+@pytest.mark.timeout(300)
+def test_a_claim_behind_the_watermark_mints_nothing_below_it(tmp_path):
+    verdict = chaos.watermark_behind(tmp_path / "run")
+    assert verdict.ok, chaos.report(verdict)
+    assert verdict.watermarks > 20 and verdict.ids > 100_000
+
+
+@pytest.mark.timeout(300)
+def test_the_checker_catches_a_claim_that_ignores_the_watermark(tmp_path):
+    broken = chaos.broken_copy(tmp_path, "watermark-claim")
+    verdict = chaos.watermark_behind(tmp_path / "run", pythonpath=broken)
+    assert any("below the watermark" in v for v in verdict.violations), chaos.report(verdict)
