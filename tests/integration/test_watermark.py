@@ -92,9 +92,15 @@ def test_a_watermark_from_one_node_holds_for_ids_from_another_on_etcd_with_shard
             return await client.watermark()
 
     assert asyncio.run(ask_async()).unix_ms >= mark.unix_ms - 60_000
-    body = urllib.request.urlopen(f"http://{_metrics_address(a)}/metrics", timeout=5).read().decode()
-    lag = [line for line in body.splitlines() if line.startswith("snowfence_watermark_lag_seconds ")]
-    assert lag and 0 <= float(lag[0].split()[1]) < 60
+    address = _metrics_address(a)
+
+    def lag_s():  # the metrics are a snapshot, taken every half second
+        body = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
+        (line,) = [x for x in body.splitlines() if x.startswith("snowfence_watermark_lag_seconds ")]
+        value = float(line.split()[1])
+        return None if value != value else value  # NaN: no promise when the snapshot was taken
+
+    assert 0 <= wait_for(lag_s, 10, what="the lag metric") < 60
 
 
 def _metrics_address(node) -> str:
