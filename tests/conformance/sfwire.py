@@ -17,8 +17,10 @@ VERSION = 1
 
 RESERVE = 0x01
 STATUS = 0x02
+WATERMARK = 0x05
 BLOCK = 0x81
 STATUS_REPLY = 0x82
+WATERMARK_REPLY = 0x85
 ERROR = 0xFF
 
 FLAG_AFTER = 0x0001
@@ -46,6 +48,7 @@ ERROR_CODES = {
     "unavailable": True,
     "overloaded": True,
     "token_ahead": True,
+    "watermark_unavailable": True,
     "internal": False,
 }
 

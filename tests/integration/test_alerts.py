@@ -200,6 +200,15 @@ CASES = {
         # 1% refused: a rule that matches refusals against 5% of themselves fires here.
         case("15m", requests(ok="0+5940x20", refused="0+60x20")),
     ),
+    "SnowfenceWatermarkStalled": (
+        case(
+            "10m",
+            [series("snowfence_watermark_lag_seconds", "1.5x3 61x10")],
+            [alert("ticket", "The watermark of n1:9464 is more than a minute behind")],
+        ),
+        # A minute behind at most, or not yet for five minutes.
+        case("10m", [series("snowfence_watermark_lag_seconds", "1.5x5 60x3 70x2")]),
+    ),
     "SnowfenceOverloaded": (
         case(
             "15m",

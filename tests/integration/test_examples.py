@@ -69,3 +69,21 @@ def test_load_test_script_runs_and_checks_every_id(nodes):
     assert p.stdout.count("unique       yes") == 2
     result = orjson.loads(p.stdout[p.stdout.index("{") :])
     assert result["check"]["unique"] and result["requests_per_s"] > 0
+
+
+def test_windows_close_on_the_watermark_and_no_event_comes_late(nodes):
+    node = nodes.start(workers=2)
+    node.wait_ready()
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / "windows.py"), "--seconds", "12"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SNOWFENCE_CONNECT": node.endpoint},
+    )
+    assert p.returncode == 0, p.stderr
+    windows = [line for line in p.stdout.splitlines() if line.startswith("window ")]
+    assert len(windows) >= 3 and all(int(line.split(": ")[1].split()[0]) > 0 for line in windows), p.stdout
+    starts = [int(line.split()[1].rstrip(":")) for line in windows]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)  # each second closed once, in order
+    assert "late events: 0" in p.stderr
