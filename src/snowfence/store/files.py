@@ -182,6 +182,11 @@ class Mark:
     layout: str | None = None
 
 
+#: Up to this many worker IDs per region, a watermark round asks the kernel's witnesses about
+#: every one; beyond it (wide worker fields), only those with files in the region directory.
+WITNESS_PROBE_LIMIT = 4096
+
+
 class RegionLock:
     """The flock of a region directory, as a context manager.
 
@@ -996,7 +1001,13 @@ class FileStore(Store):
         held if the kernel's witness is taken; its reservation from its mark, its floor from
         its floor file (nothing known of either: none)."""
         floors = []
-        for worker_id in range(self.layout.max_worker + 1):
+        if self.layout.max_worker < WITNESS_PROBE_LIMIT:
+            worker_ids = range(self.layout.max_worker + 1)  # every one: a holder's files may be gone
+        else:  # too many to probe each second: those with files (a holder wiped out fences within a renewal)
+            worker_ids = sorted(
+                {int(p.stem.split("-")[1]) for p in region_dir.glob("worker-*.*") if p.stem[7:].isdigit()}
+            )
+        for worker_id in worker_ids:
             witnesses = self._bind_witnesses(worker_id, region)
             held = witnesses is None
             for witness in witnesses or ():

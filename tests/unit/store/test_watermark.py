@@ -11,7 +11,7 @@ from etcdrig import Etcd, claim
 from fakeclock import FakeClock
 
 from snowfence.errors import WatermarkRecordUnreadable
-from snowfence.ids import DEFAULT_LAYOUT
+from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.store import watermark
 from snowfence.store.files import FileStore
 from snowfence.store.genesis import Genesis
@@ -325,3 +325,23 @@ def test_an_etcd_round_does_not_promise_past_a_claim_made_after_its_first_read(e
     assert store.watermark_round(now, 0) == 0  # the raise's own read sees the late claim: no promise
     assert late[0].watermark_ms == 0  # it read no record: its claim came first
     assert store.watermark_round(now, 0) == 1  # its claim's floor
+
+
+def test_with_a_wide_worker_field_a_round_reads_the_worker_ids_that_have_files(tmp_path):
+    layout = Layout(time_bits=41, region_bits=3, worker_bits=13, sequence_bits=6)  # 8,192 worker IDs
+    clock = FakeClock()
+
+    def open_store():
+        s = FileStore(tmp_path, layout, 0, wall_ns=clock.wall_ns)
+        s.check_layout(layout)
+        return s
+
+    store = open_store()
+    clock.advance_ms(10_000)
+    now = clock.wall_ms - layout.epoch_ms
+    holder = open_store().try_claim(5_000, HOLDER, None)
+    holder.floor_ms = now - 300
+    holder.extend(now + 5_000)
+    assert store.watermark_round(now, 0) == now - 300
+    holder.release(now)
+    assert store.watermark_round(now, 0) == now
