@@ -40,6 +40,8 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
     """One process's share: seeds seed+job, seed+job+jobs, ... until the deadline or a violation."""
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
     totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = 0
+    totals["watermarks"] = totals["watermark_advances"] = totals["watermark_schedules"] = 0
+    lags: list[int] = []
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
     broker: dict[str, int] = {}
@@ -64,6 +66,10 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
         totals["partition_minting"] += result["partition_minting"]
         totals["mixed"] += result["mixed"]
         totals["region_refused"] += result["region_refused"]
+        totals["watermarks"] += result["watermarks"]
+        totals["watermark_advances"] += result["watermark_advances"]
+        totals["watermark_schedules"] += result["watermark_advances"] > 0
+        lags += result["watermark_lags_ms"]
         for _, kind in result["fault_log"]:
             fault_kinds[kind] = fault_kinds.get(kind, 0) + 1
         for name, n in result["broker"].items():
@@ -72,7 +78,18 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
             failure = result
             stop.set()
             break
-    out.put((totals, kinds, fault_kinds, broker, failure))
+    out.put((totals, kinds, fault_kinds, broker, failure, lags))
+
+
+def _lag_summary(lags: list[int]) -> dict:
+    if not lags:
+        return {"watermark_lag_ms_p50": None, "watermark_lag_ms_p99": None, "watermark_lag_ms_max": None}
+    lags.sort()
+    return {
+        "watermark_lag_ms_p50": lags[len(lags) // 2],
+        "watermark_lag_ms_p99": lags[len(lags) * 99 // 100],
+        "watermark_lag_ms_max": lags[-1],
+    }
 
 
 def main() -> int:
@@ -122,11 +139,14 @@ def main() -> int:
     elapsed = time.monotonic() - start
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
     totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = 0
+    totals["watermarks"] = totals["watermark_advances"] = totals["watermark_schedules"] = 0
+    lags: list[int] = []
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
     broker: dict[str, int] = {}
     failures = []
-    for t, kd, fk, br, failure in results:
+    for t, kd, fk, br, failure, lg in results:
+        lags += lg
         for name, n in br.items():
             broker[name] = broker.get(name, 0) + n
         for key in totals:
@@ -157,6 +177,13 @@ def main() -> int:
         "second_cluster_refused": totals["region_refused"],
         "faults_by_kind": dict(sorted(fault_kinds.items())),
         "brokers": dict(sorted(broker.items())),
+        # The watermark: WATERMARK replies checked against every later mint, how often the
+        # highest answered rose, in how many schedules it rose, and how far each reply's W was
+        # behind its node's wall clock.
+        "watermarks": totals["watermarks"],
+        "watermark_advances": totals["watermark_advances"],
+        "schedules_with_watermark_advancing": totals["watermark_schedules"],
+        **_lag_summary(lags),
     }
     if failures:
         f = failures[0]

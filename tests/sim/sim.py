@@ -27,7 +27,13 @@ faults at moments chosen from the schedule's seed. What runs is the real code:
   :class:`~snowfence.broker.routing.Routing`: clients' requests reach it, and it
   picks the worker, retries a refusal on another one, takes silent workers out of
   rotation, queues what finds no room and answers ``overloaded``; its two sockets
-  are deliveries in order, after :data:`LINK_NS`.
+  are deliveries in order, after :data:`LINK_NS`;
+* the real watermark of each host's broker,
+  :class:`~snowfence.broker.watermark.Watermark`: its rounds (``step``, the
+  store's ``watermark_round``) on a thread of the broker process, with its own
+  store, every ``watermark_interval_s``; clients ask WATERMARK now and then and the
+  routing core answers from the last promise. Its thread can be paused (also inside
+  a round) and restarted, and its host's clock and network faults reach it.
 
 What is simulated is everything around them: the clients, the hosts' clocks,
 the network to etcd, and the faults.
@@ -66,6 +72,7 @@ from snowfence.broker.main import HOUSEKEEPING_NS, PEER_INTERVAL_S
 from snowfence.broker.peers import verdicts
 from snowfence.broker.routing import Routing
 from snowfence.broker.supervisor import Supervisor
+from snowfence.broker.watermark import Watermark
 from snowfence.clock import HostClock as ClockWatch
 from snowfence.clock import pending_verdict
 from snowfence.config import Config
@@ -403,6 +410,10 @@ class Broker:
         #: worker ID (broker/own.py), when the settings have the broker mint small requests.
         self.proc: Proc | None = Proc(world, node, own_mod.SLOT, config) if config.broker_mint_max_ids else None
         self.own: own_mod.OwnWorkerId | None = None
+        #: The broker process as far as its watermark thread runs in it, and the node's
+        #: watermark (broker/watermark.py), a new one at every start of the broker.
+        self.wm_proc = Proc(world, node, WATERMARK_SLOT, config)
+        self.watermark: Watermark | None = None
 
     # -- the process side: the real supervisor, with a simulated spawner
     def boot(self) -> None:
@@ -471,6 +482,7 @@ class Broker:
         w.counts["node_halts"] = w.counts.get("node_halts", 0) + 1
         if self.own is not None:
             w.stop_own(self)
+        w.stop_watermark(self)
         w.at(w.T + w.rng2.randrange(NS, 3 * NS), None, self.restart_node)
 
     def restart_node(self) -> None:
@@ -480,6 +492,7 @@ class Broker:
         self.sup.start()
         if self.proc is not None:
             self.world.start_own(self)
+        self.world.start_watermark(self)
 
     # -- the loop
     def tick(self) -> None:
@@ -546,6 +559,18 @@ class Broker:
                 f"{refused} overloaded answers"
             )
 
+    def ask_watermark(self) -> None:
+        """A client asks the node for its watermark (on a connection of its own), now and
+        then (drawn from the watermark's own stream, so the rest of a schedule draws as it did)."""
+        w = self.world
+        w.at(w.T + int(w.rng3.expovariate(1 / WATERMARK_ASK_GAP_NS)) + 1, None, self.ask_watermark)
+        if not self.running:
+            return
+        w.request_id += 1
+        self.pending[w.request_id] = (WATERMARK_CONN, None)
+        self.in_flight[WATERMARK_CONN] += 1
+        self.core.request(0, WATERMARK_CONN, protocol.encode_watermark(w.request_id))
+
     def send(self, addr: bytes) -> None:
         w = self.world
         rng = w.rng
@@ -571,6 +596,8 @@ class Broker:
             w.checker.fail(f"request {request_id} of connection {asked[0]!r} was answered on {addr!r}")
         in_flight = self.in_flight[addr]
         self.in_flight[addr] = in_flight - 1
+        if reply[1] == protocol.WATERMARK_REPLY:
+            w.checker.promised(self.node, protocol.decode_reply(reply).watermark[0])
         if reply[1] == protocol.ERROR:
             err = protocol.decode_reply(reply).error
             w.counts["answered_" + err.code] = w.counts.get("answered_" + err.code, 0) + 1
@@ -637,15 +664,19 @@ class FakeClient:
     out after it committed, or time out before it arrived.
     """
 
-    def __init__(self, world: World, proc: Proc, labels: list[str], timeout_s: float) -> None:
+    def __init__(
+        self, world: World, proc: Proc, labels: list[str], timeout_s: float, rng: random.Random | None = None
+    ) -> None:
         from pyetcd.client import Transactions
 
         self.world = world
         self.proc = proc
+        #: Where its latencies are drawn from (the watermark's client has a stream of its own).
+        self.rng = rng = world.rng if rng is None else rng
         self.transactions = Transactions()
         self.endpoints = {label: SimpleNamespace(last_failed=0) for label in labels}
         self._labels = labels
-        self._current_endpoint_label = labels[world.rng.randrange(len(labels))]
+        self._current_endpoint_label = labels[rng.randrange(len(labels))]
         self.timeout_ns = int(timeout_s * NS)
 
     def _call(self, fn, what: str):
@@ -660,7 +691,7 @@ class FakeClient:
         if member in node.cut or not server.has_quorum():
             w.elapse(self.timeout_ns)
             raise RpcError(f"DEADLINE_EXCEEDED: {what}")
-        rng = w.rng
+        rng = self.rng
         if w.T < node.slow_until:
             up, down = rng.randrange(int(self.timeout_ns * 1.2)), rng.randrange(int(self.timeout_ns * 0.8))
         else:
@@ -713,6 +744,17 @@ class FakeClient:
         pass
 
 
+class WatermarkClient(FakeClient):
+    """The watermark thread's etcd client: a pause injected into the broker process
+    (``pause_in_call``) stops the thread as its next raise of the record starts (the one
+    transaction with a compare), between reading the marks and raising the record."""
+
+    def transaction(self, compare, success=None, failure=None):
+        if self.proc.pause_in_call and compare:
+            self.world.pause_inside_call(self.proc)
+        return super().transaction(compare, success, failure)
+
+
 # -- the checker ------------------------------------------------------------------------------
 
 
@@ -732,6 +774,10 @@ class Checker:
       expired in the store, or the store had told it the lease was lost, or, in
       embedded mode, a renewal had run since its lock file was removed);
     * a block decodes to the worker ID and region that minted it.
+
+    * the watermark (store/watermark.py): no holder of the cluster mints a millisecond
+      below a watermark any node answered before (a WATERMARK reply's W, checked
+      against every mint committed after the moment the reply was sent).
 
     At every refusal: a refused call changes nothing (last millisecond and sequence).
     After every step: no mark in the store is below a millisecond already minted
@@ -753,6 +799,16 @@ class Checker:
         self.max_worker = layout.max_worker
         self.region_shift = layout.region_shift
         self.max_region = layout.max_region
+        self.epoch_ms = layout.epoch_ms
+        #: The highest watermark answered so far (ms since the epoch; -1: none yet), and
+        #: which node answered it when (simulated s).
+        self.watermark_ms = -1
+        self.watermark_by: tuple[int, float] | None = None
+        #: Watermark replies, how many raised the highest one answered, and each one's lag
+        #: (the answering host's wall clock less W, ms).
+        self.watermarks = 0
+        self.watermark_advances = 0
+        self.watermark_lags: list[int] = []
 
     def fail(self, what: str) -> None:
         raise Violation(what)
@@ -814,6 +870,12 @@ class Checker:
         persisted = w.persisted_mark(wid) if own else ms
         if ms > persisted:
             self.fail(f"worker ID {wid} token {token} minted millisecond {ms} above the persisted mark {persisted}")
+        if own and ms < self.watermark_ms:
+            node, at = self.watermark_by
+            self.fail(
+                f"worker ID {wid} token {token} minted millisecond {ms} below the watermark {self.watermark_ms} "
+                f"node n{node} answered at {at:.3f} s ({self.watermark_ms - ms} ms below it)"
+            )
         # Issued twice?
         blocks = self.blocks.setdefault(wid, [])
         i = bisect.bisect_left(blocks, (first, last))
@@ -855,6 +917,17 @@ class Checker:
         mine[1] = last
         if own and ms > self.max_ms.get(wid, -1):
             self.max_ms[wid] = ms
+
+    def promised(self, node: Node, unix_ms: int) -> None:
+        """A node answered WATERMARK with ``unix_ms``: nothing below it is minted from now on."""
+        ms = unix_ms - self.epoch_ms
+        self.watermarks += 1
+        self.watermark_lags.append(node.clock.wall() // MS - unix_ms)
+        if ms > self.watermark_ms:
+            if self.watermark_ms >= 0:
+                self.watermark_advances += 1
+            self.watermark_ms = ms
+            self.watermark_by = (node.index, self.w.T / NS)
 
     def asked(self, k: SimKeeper) -> None:
         """The core asks a worker ID to mint: one it still holds, once per request."""
@@ -925,6 +998,9 @@ class World:
         #: Draws for what the heterogeneous cluster adds (mixed flags, the combined faults, a
         #: second cluster), apart from ``rng`` so the rest of a schedule draws as it did.
         self.rng2 = rng2 = random.Random(seed * 7919 + 1)
+        #: Draws for the watermark (its rounds' interval and latencies, the clients' asks, its
+        #: faults), apart from both, so the rest of a schedule draws as it did without it.
+        self.rng3 = rng3 = random.Random(seed * 104729 + 3)
         self.T = 0
         self.heap: list = []
         self.seq = 0
@@ -971,6 +1047,7 @@ class World:
             # Small enough that the broker's limits bind: its queue, retries and overload.
             max_inflight_per_client=rng.choice([3, 8, 64]),
             worker_credits=rng.choice([2, 4, 32]),
+            watermark_interval_s=rng3.choice(WATERMARK_INTERVALS_S),
         )
         #: Hosts (etcd) or processes (embedded) with flags of their own, as a fleet being
         #: upgraded or set by hand has: reservation windows, their bound, clock policies and
@@ -1484,6 +1561,91 @@ class World:
         if going:
             self.at(self.T + int(own_mod.TICK_S * NS / p.node.clock.rate), p.loop, self.own_step, b)
 
+    # -- the node's watermark: broker/watermark.py's Watermark, its thread's rounds simulated
+    def start_watermark(self, b: Broker) -> None:
+        """The broker starts its watermark: its own store (open_store, as broker/main.py opens
+        it), a round every ``watermark_interval_s`` on a thread of the broker process, and
+        WATERMARK answered by the routing core from its last promise."""
+        if b.watermark is not None:
+            self.stop_watermark(b)
+        p = b.wm_proc
+        p.inc += 1
+        p.up = True
+        p.paused_until = 0
+        p.pause_in_call = 0
+        p.loop = Thread(p, "watermark")
+        p.pid = 1000 + (p.inc << 8) + (p.node.index << 4) + 14
+        clock = p.node.clock
+
+        def open_watermark_store(cfg: Config, journal: bool = True):
+            return open_store(
+                cfg,
+                journal=journal,
+                wall_ns=clock.wall,
+                mono_ns=p.mono_ns,
+                etcd_client=lambda: WatermarkClient(self, p, ETCD_LABELS, cfg.etcd_timeout_s, self.rng3),
+            )
+
+        # (A pause inside a round: etcd, as it raises the record; embedded, whose round is
+        # one step here, as it reads the clock.)
+        wm = Watermark(
+            b.config,
+            open_store=open_watermark_store,
+            wall_ns=p.wall_ns if self.kind == "embedded" else clock.wall,
+            mono_ns=p.mono_ns,
+        )
+        if wm.interval_s <= 0 or not wm.open():
+            self.counts["watermark_disabled"] = self.counts.get("watermark_disabled", 0) + 1
+            return
+        b.watermark = b.core.watermark = wm
+        self.at(self.T + max(int(wm.interval_s * NS / clock.rate), 1), p.loop, self.watermark_step, b, wm)
+
+    def stop_watermark(self, b: Broker) -> None:
+        """The broker exits: its watermark thread with it (the next one starts from no promise)."""
+        wm, b.watermark = b.watermark, None
+        if wm is None:
+            return
+        if b.core.watermark is wm:
+            b.core.watermark = None
+        p = b.wm_proc
+        p.up = False
+        p.inc += 1
+        if wm.store is not None:
+            wm.store.close()
+
+    def watermark_step(self, b: Broker, wm: Watermark) -> None:
+        """One round (``Watermark.step``), and the next after the interval, on its host's clock."""
+        if b.watermark is not wm:
+            return
+        wm.step()
+        rate = b.wm_proc.node.clock.rate
+        self.at(self.T + max(int(wm.interval_s * NS / rate), 1), b.wm_proc.loop, self.watermark_step, b, wm)
+
+    def watermark_fault(self, kind: str) -> None:
+        """A fault of one node's watermark thread (drawn from rng3): the broker process
+        stopped (SIGSTOP, a VM freeze), stopped inside a round, or restarted."""
+        rng3 = self.rng3
+        T = self.T
+        b = rng3.choice(self.nodes).broker
+        if not b.running or b.watermark is None:
+            return
+        p = b.wm_proc
+        length = rng3.choice([rng3.randrange(1, NS), rng3.randrange(NS, 30 * NS)])
+        if kind == "watermark_pause":
+            p.paused_until = max(p.paused_until, T + length)
+        elif kind == "watermark_pause_in_round":
+            p.pause_in_call = length
+        elif kind == "watermark_restart":
+            self.stop_watermark(b)
+            self.at(T + rng3.randrange(1, NS), None, self.restart_watermark, b)
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+        self.faults.append((T / NS, kind))
+
+    def restart_watermark(self, b: Broker) -> None:
+        if b.running and b.watermark is None:
+            self.start_watermark(b)
+
     # -- the keepers
     def keeper_step(self, p: Proc, k: SimKeeper, sleep_id: int) -> None:
         """One turn of the real keeper (``Keeper.step``), and its next turn scheduled
@@ -1551,6 +1713,9 @@ class World:
                 self.at(rng2.randrange(self.horizon // 2), None, self.fault, "second_cluster")
         self.at(rng.randrange(NS), None, self.backup)
         self.at(rng.randrange(NS), None, self.operator)
+        rng3 = self.rng3
+        for _ in range(rng3.randint(WATERMARK_FAULTS_MIN, WATERMARK_FAULTS_MAX) * times):
+            self.at(rng3.randrange(self.horizon), None, self.watermark_fault, rng3.choice(WATERMARK_FAULTS))
 
     # -- the store forgetting, and the operator
     def backup(self) -> None:
@@ -1799,6 +1964,7 @@ class World:
             for node in self.nodes:  # the whole node: its broker (and own worker ID) too
                 if node.broker.own is not None:
                     self.stop_own(node.broker, release=False)
+                self.stop_watermark(node.broker)
                 node.broker.running = False
             for entry in Path(self.tmp).iterdir():
                 if entry.is_dir():
@@ -1921,6 +2087,9 @@ class World:
                     self.at(rng.randrange(NS // 10), None, self.start_own, node.broker)
                 self.at(rng.randrange(BROKER_TICK_NS), None, node.broker.tick)
                 self.at(rng.randrange(1, 50 * MS), None, node.broker.client_request)
+            for node in self.nodes:
+                self.at(self.rng3.randrange(NS // 10), None, self.start_watermark, node.broker)
+                self.at(self.rng3.randrange(1, WATERMARK_ASK_GAP_NS), None, node.broker.ask_watermark)
             self.schedule_faults()
             self.run_until(self.horizon)
         finally:
@@ -1933,6 +2102,7 @@ class World:
         for node in self.nodes:
             if node.broker.own is not None:
                 self.stop_own(node.broker, release=False)
+            self.stop_watermark(node.broker)
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             shutil.rmtree(self.tmp + "-journal", ignore_errors=True)
@@ -1995,6 +2165,17 @@ STORE_FAULTS_PROVABLE = {"mark_corrupt", "delete_layout", "delete_mark"}
 JOURNAL_LOSS_SHARE = 0.3
 
 PROCESS_FAULTS = {"crash", "restart", "pause", "pause_in_call"}
+
+#: The watermark (broker/watermark.py): seconds between a node's rounds (drawn per schedule;
+#: the service's default is 1 s), the mean gap between a node's clients' WATERMARK requests
+#: (on a connection of their own), the broker process's watermark thread (a slot of no
+#: supervisor), and the faults of that thread (a few a schedule, from rng3).
+WATERMARK_INTERVALS_S = (0.2, 0.5, 1.0)
+WATERMARK_ASK_GAP_NS = 400 * MS
+WATERMARK_CONN = b"cw"
+WATERMARK_SLOT = -2
+WATERMARK_FAULTS = ("watermark_pause", "watermark_pause_in_round", "watermark_restart")
+WATERMARK_FAULTS_MIN, WATERMARK_FAULTS_MAX = 2, 8
 _COMMON = ["crash", "restart", "pause", "pause_in_call", "step_back", "step_forward", "freeze", "drift"]
 FAULT_KINDS = {
     "etcd": _COMMON
@@ -2035,6 +2216,10 @@ def run_schedule(
         "refused": world.counts.get("refused", 0),
         "claims": world.counts.get("claims", 0),
         "sim_s": world.T / NS,
+        # The watermark: replies answered, how often the highest one rose, each one's lag (ms).
+        "watermarks": world.checker.watermarks,
+        "watermark_advances": world.checker.watermark_advances,
+        "watermark_lags_ms": world.checker.watermark_lags,
         # What the brokers' routing cores counted (requests, retried, overloaded, ...).
         "broker": dict(sum((collections.Counter(n.broker.core.counters) for n in world.nodes), collections.Counter())),
     }

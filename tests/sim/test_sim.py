@@ -50,13 +50,19 @@ def test_the_real_code_shows_no_violation_in_the_ci_budget():
     # What the budget covered (not how fast): both stores, every kind of fault.
     assert set(summary["schedules_by_store"]) == {"etcd", "embedded"}
     assert summary["schedules_minting_through_partitions"] > 0
-    kinds = {"journal_lost"} | sim.COMBINED_FAULTS
+    kinds = {"journal_lost"} | sim.COMBINED_FAULTS | set(sim.WATERMARK_FAULTS)
     for kind in ("etcd", "embedded"):
         kinds |= set(sim.FAULT_KINDS[kind]) | set(sim.STORE_FAULT_KINDS[kind])
     assert set(summary["faults_by_kind"]) == kinds, kinds - set(summary["faults_by_kind"])
     assert summary["mints"] > 0 and summary["refusals"] > 0 and summary["claims"] > summary["schedules"]
     # The heterogeneous cluster: hosts with flags of their own, and a second cluster refused.
     assert summary["schedules_with_mixed_flags"] > 0 and summary["second_cluster_refused"] > 0
+    # The watermark: promised, checked against every later mint, and advancing with time
+    # (one that never advanced would pass the checker trivially), a few seconds behind the
+    # wall clock at the median (the skew bound and the floors' renewal interval).
+    assert summary["watermarks"] > 100 and summary["watermark_advances"] > summary["schedules"]
+    assert summary["schedules_with_watermark_advancing"] > summary["schedules"] // 4
+    assert 0 < summary["watermark_lag_ms_p50"] < 10_000
 
 
 #: Where each mutant's search starts: the seed that last caught it, searching from seed 1
