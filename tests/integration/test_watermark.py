@@ -61,6 +61,8 @@ def test_every_id_reserved_after_a_watermark_is_at_or_above_it_embedded(nodes):
     assert doc["time"].endswith("Z") and isinstance(doc["lag_ms"], int)
     status = node.status()["broker"]["watermark"]
     assert status["unix_ms"] >= marks[-1].unix_ms and status["failures"] == 0 and status["rounds"] > 0
+    low = status["held_back_by"]  # the holder whose floor is lowest: one of this node's
+    assert low["held"] and low["worker_id"] in node.all_worker_ids() and low["floor_unix_ms"] >= status["unix_ms"]
 
 
 def test_a_watermark_from_one_node_holds_for_ids_from_another_on_etcd_with_shards(nodes, etcd3):

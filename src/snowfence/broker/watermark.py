@@ -128,10 +128,20 @@ class Watermark:
         """For STATUS: the promise, its lag behind the wall clock, and the rounds."""
         epoch = self.config.layout.epoch_ms
         promised = self.promised_ms
+        low = getattr(self.store, "watermark_low", None)
         return {
             "unix_ms": promised + epoch if promised else None,
             "lag_ms": now_ms - promised if promised else None,
             "rounds": self.rounds,
             "failures": self.failures,
             "last_error": self.last_error,
+            # The worker ID whose floor held the last round back most (its floor null: none known).
+            "held_back_by": None
+            if low is None
+            else {
+                "region": low.region,
+                "worker_id": low.worker_id,
+                "floor_unix_ms": None if low.floor_ms is None else low.floor_ms + epoch,
+                "held": low.held,
+            },
         }

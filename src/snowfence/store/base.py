@@ -102,6 +102,10 @@ class Store:
     #: restore no journal saw took back is passed only by the wall clock's advance.
     claim_veto: str | None = None
 
+    #: The mark that held the last watermark round back most (``watermark.Floor``; None:
+    #: none bound it), for STATUS: which worker ID an operator looks at when it lags.
+    watermark_low = None
+
     def refuse_if_vetoed(self) -> None:
         if self.claim_veto:
             raise ClockUnsafe(f"claiming no worker ID while this node's clock is not vouched for: {self.claim_veto}")
@@ -134,6 +138,11 @@ class Store:
         claim pass passed over: what a claim could find (the broker's own worker ID keeps
         one of them free for workers; see ``broker/own.py``). ``up_to``: counting may
         stop there (a region can have a million worker IDs; the rule needs to know 0, 1, 2)."""
+        raise NotImplementedError
+
+    def watermark_round(self, now_ms: int, promised: int) -> int:
+        """One round of the cluster's watermark (``store/watermark.py``): the highest
+        millisecond now promised (``promised`` when this round earned no more)."""
         raise NotImplementedError
 
     def describe(self) -> dict:

@@ -929,7 +929,9 @@ class EtcdStore(Store):
         genesis = self._parse_genesis(genesis_kv[0][0]) if genesis_kv else None
         if not watermark.settled(genesis, self.layout, now_ms, skew):
             return promised
-        wanted = watermark.candidate(self._floors(mark_kvs, claim_kvs, 0), now_ms, skew)
+        floors = self._floors(mark_kvs, claim_kvs, 0)
+        self.watermark_low = watermark.lowest(floors, now_ms, skew)
+        wanted = watermark.candidate(floors, now_ms, skew)
         if wanted <= promised:
             return promised
         value = watermark.encode(wanted)
@@ -957,6 +959,7 @@ class EtcdStore(Store):
             return promised
         mark_kvs, claim_kvs = responses[-2], responses[-1]
         floors = self._floors(mark_kvs, claim_kvs, record_meta.mod_revision)
+        self.watermark_low = watermark.lowest(floors, now_ms, skew)
         return wanted if watermark.holds(wanted, floors, now_ms, skew) else promised
 
     watermark_round = etcd_call(watermark_round)

@@ -944,7 +944,7 @@ class FileStore(Store):
                 self.journal.note_mark(self.region, worker_id, rev, mark_ms)
                 # A watermark already answered (read under the region lock, which every
                 # watermark round takes after raising the record): the minter starts above it.
-                watermark_ms = self._watermark_floor()
+                watermark_ms = self._watermark_floor(worker_id)
                 self.write_floor(worker_id, max(mark_ms + 1, watermark_ms), token)
             except OSError as exc:
                 os.close(fd)
@@ -976,14 +976,14 @@ class FileStore(Store):
         except ValueError as exc:
             raise WatermarkRecordUnreadable(f"the watermark record {path} is unreadable ({exc})") from None
 
-    def _watermark_floor(self) -> int:
+    def _watermark_floor(self, worker_id: int) -> int:
         """What a claim must not mint below for the watermark: the record's millisecond, or,
         for a record that is not ours to read, a quarantine from now (it may hide any
         watermark already answered)."""
         try:
             return self.read_watermark()
         except WatermarkRecordUnreadable as exc:
-            return self._unknown_floor(-1, None, str(exc))
+            return self._unknown_floor(worker_id, None, str(exc))
 
     def _floor_path(self, worker_id: int, region_dir: Path | None = None) -> Path:
         return (self.dir if region_dir is None else region_dir) / f"worker-{worker_id}.floor"
@@ -1056,6 +1056,7 @@ class FileStore(Store):
             return promised
         regions = self._region_dirs()
         floors = [f for region, path in regions for f in self._region_floors(region, path)]
+        self.watermark_low = watermark.lowest(floors, now_ms, 0)
         wanted = watermark.candidate(floors, now_ms, 0)
         if wanted <= promised:
             return promised
@@ -1066,6 +1067,7 @@ class FileStore(Store):
         for region, path in self._region_dirs():
             with RegionLock(path):
                 floors.extend(self._region_floors(region, path))
+        self.watermark_low = watermark.lowest(floors, now_ms, 0)
         return wanted if watermark.holds(wanted, floors, now_ms, 0) else promised
 
     def describe(self) -> dict:

@@ -86,18 +86,28 @@ def binds(floor: Floor, now_ms: int, skew_ms: int) -> bool:
     return now_ms - skew_ms <= floor.reserved_until_ms
 
 
+def lowest(floors: Iterable[Floor], now_ms: int, skew_ms: int) -> Floor | None:
+    """The binding mark that holds W back most (one without a floor first); None if none binds."""
+    low = None
+    for floor in floors:
+        if binds(floor, now_ms, skew_ms):
+            if floor.floor_ms is None:
+                return floor
+            if low is None or floor.floor_ms < low.floor_ms:
+                low = floor
+    return low
+
+
 def candidate(floors: Iterable[Floor], now_ms: int, skew_ms: int) -> int:
     """The highest W the marks allow: the lowest binding floor, and never above the wall
     clock less the skew bound (a claimer whose clock is behind ours never waits for it).
     A binding mark without a floor allows nothing (0)."""
-    low = now_ms - skew_ms
-    for floor in floors:
-        if binds(floor, now_ms, skew_ms):
-            if floor.floor_ms is None:
-                return 0
-            if floor.floor_ms < low:
-                low = floor.floor_ms
-    return max(low, 0)
+    low = lowest(floors, now_ms, skew_ms)
+    if low is None:
+        return max(now_ms - skew_ms, 0)
+    if low.floor_ms is None:
+        return 0
+    return max(min(low.floor_ms, now_ms - skew_ms), 0)
 
 
 def settled(genesis, layout, now_ms: int, skew_ms: int) -> bool:

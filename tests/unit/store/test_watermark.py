@@ -157,6 +157,7 @@ def test_a_file_round_promises_the_lowest_floor_of_the_holders(tmp_path):
     holders = [f.hold(0, f.now_ms - 700), f.hold(1, f.now_ms - 300)]
     assert f.store.watermark_round(f.now_ms, 0) == f.now_ms - 700
     assert f.store.read_watermark() == f.now_ms - 700
+    assert (f.store.watermark_low.worker_id, f.store.watermark_low.floor_ms) == (0, f.now_ms - 700)
     holders[0].release(f.now_ms)
     assert f.store.watermark_round(f.now_ms, 0) == f.now_ms - 300
 
