@@ -132,3 +132,31 @@ def test_both_clients_bound_the_nodes_ids_with_the_nodes_layout(nodes):
             return await c.bounds(iso(low), iso(high + 1))
 
     assert asyncio.run(from_asyncio()) == ranges
+
+
+def test_on_etcd_id_at_decode_verify_and_the_clients_use_the_nodes_layout(nodes, etcd, tmp_path):
+    from nodes import etcd_args
+
+    node = nodes.start(workers=1, args=etcd_args(etcd, "ranges", *WIDE))
+    node.wait_ready()
+    ids = reserved(node, 40)
+    unix_ms = ((ids[0] >> WIDE_SHIFT) & ((1 << WIDE_TIME_BITS) - 1)) + EPOCH_MS
+    (r,) = id_at(node, str(unix_ms))
+    assert int(r["first"]) == (unix_ms - EPOCH_MS) << WIDE_SHIFT <= ids[0] <= int(r["last"])
+    p = snowfence("decode", str(ids[0]), "--connect", node.endpoint, "--json")
+    assert p.returncode == 0 and orjson.loads(p.stdout)["unix_ms"] == unix_ms, p.stdout + p.stderr
+    dump = tmp_path / "ids.txt"
+    dump.write_text("\n".join(map(str, ids)) + "\n")
+    p = snowfence("verify", str(dump), "--connect", node.endpoint, "--json")
+    assert p.returncode == 0 and orjson.loads(p.stdout)["ids"] == 40, p.stdout + p.stderr
+    dump.write_text("\n".join(map(str, [*ids, ids[3]])) + "\n")
+    assert snowfence("verify", str(dump), "--connect", node.endpoint).returncode == 1  # a duplicate
+    with node.client() as c:
+        (bound,) = c.bounds(unix_ms)
+        assert bound.first <= ids[0] <= bound.last
+
+    async def from_asyncio():
+        async with AsyncClient(node.endpoint, discover=False, timeout_s=2.0) as c:
+            return await c.bounds(unix_ms)
+
+    assert asyncio.run(from_asyncio()) == (bound,)
