@@ -11,7 +11,7 @@ from .errors import (
     Unavailable,
     WatermarkUnavailable,
 )
-from .ids import DEFAULT_LAYOUT, Decoded, IdRange, Layout, decode
+from .ids import DEFAULT_LAYOUT, Decoded, IdRange, Layout, decode, from_base32, to_base32
 
 __version__ = "0.1.0"
 
@@ -35,4 +35,6 @@ __all__ = [
     "Watermark",
     "WatermarkUnavailable",
     "decode",
+    "from_base32",
+    "to_base32",
 ]

@@ -13,12 +13,18 @@ form one contiguous integer range.
 The time inside an ID goes both ways: :meth:`Layout.to_time` reads it, and
 :meth:`Layout.bounds` gives the lowest and highest ID that can carry a time or a
 range of time (one range per shard), for queries such as ``WHERE id BETWEEN``.
+
+Two other forms of an ID, both exact and order-keeping (see ``docs/GUIDE.md``, "ID
+forms: UUIDv7 and base32"): :meth:`Layout.to_uuid` / :meth:`Layout.from_uuid`, an
+RFC 9562 UUIDv7 whose timestamp is the ID's Unix millisecond, and :func:`to_base32` /
+:func:`from_base32`, 13 characters of Crockford base32.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import uuid as _uuid
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -32,6 +38,16 @@ ID_BITS = 63
 
 _UNIX_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 _ONE_MS = _dt.timedelta(milliseconds=1)
+#: unix_ts_ms of a UUIDv7 is 48 bits.
+_UUID_MS_LIMIT = 1 << 48
+
+#: Crockford's base32 digits, in order (no I, L, O, U).
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+#: Characters in the base32 form of an ID: 13 x 5 = 65 bits hold 63.
+BASE32_WIDTH = 13
+_CROCKFORD_VALUE = {c: i for i, c in enumerate(CROCKFORD)}
+_CROCKFORD_VALUE.update({c.lower(): i for c, i in list(_CROCKFORD_VALUE.items())})
+_CROCKFORD_VALUE.update({"I": 1, "i": 1, "L": 1, "l": 1, "O": 0, "o": 0})
 
 
 def parse_epoch(value: str | int) -> int:
@@ -355,6 +371,87 @@ class Layout:
             for shard in range(1 << self.shard_bits)
         )
 
+    # -- the UUIDv7 form ----------------------------------------------------------------
+
+    @property
+    def uuid_tag(self) -> int:
+        """The 12 bits (``rand_a``) every UUID of this layout carries: the first three hex
+        digits of :meth:`digest`. A UUID with another tag was made with another layout."""
+        return int(self.digest()[:3], 16)
+
+    def to_uuid(self, id_: int) -> _uuid.UUID:
+        """The RFC 9562 UUIDv7 of an ID; :meth:`from_uuid` is its exact inverse.
+
+        ::
+
+            127 ........... 80  79..76  75 ...... 64  63 62  61 ....... k  k-1 ................ 0
+            unix_ts_ms (48)   | 0111  |  tag (12)   |  10  |  zeros     | shard|region|worker|seq
+            epoch + ms field   version  uuid_tag     variant  62-k bits   the ID's k low bits, with
+                                                                           the shard moved down
+
+        ``k = 63 - time_bits`` (the ID's bits other than its milliseconds); ``tag`` is
+        :attr:`uuid_tag`. So the UUID sorts (as 128 bits, big-endian, or as its lowercase
+        text) by (Unix millisecond, shard, region, worker, sequence). Without shard bits
+        that is the IDs' order: ``a < b`` if and only if ``to_uuid(a) < to_uuid(b)``. With
+        shard bits it is the IDs' order within one shard; across shards the UUIDs sort by
+        time first (the IDs by shard first).
+
+        Raises ``ValueError`` for what is not a 63-bit ID, and for an ID whose Unix
+        millisecond does not fit the 48 bits of ``unix_ts_ms`` (after the year 10889).
+        """
+        if isinstance(id_, bool) or not isinstance(id_, int) or not 0 <= id_ < (1 << ID_BITS):
+            raise ValueError(f"{id_!r} is not a snowfence ID (a non-negative 63-bit integer)")
+        unix_ms = self.epoch_ms + self.ms_of(id_)
+        if unix_ms >= _UUID_MS_LIMIT:
+            raise ValueError(
+                f"ID {id_} carries Unix millisecond {unix_ms}, past the last a UUIDv7 can carry ({_UUID_MS_LIMIT - 1})"
+            )
+        low = (id_ >> self.shard_shift) << self.time_shift | (id_ & ((1 << self.time_shift) - 1))
+        return _uuid.UUID(int=unix_ms << 80 | 0x7 << 76 | self.uuid_tag << 64 | 0b10 << 62 | low)
+
+    def from_uuid(self, value: _uuid.UUID | str) -> int:
+        """The ID a UUID of :meth:`to_uuid` stands for, given as a :class:`uuid.UUID` or its
+        text (``8-4-4-4-12`` hex, or 32 hex digits).
+
+        Raises ``ValueError`` for a UUID this layout's :meth:`to_uuid` cannot have made:
+        not version 7 or not the RFC 9562 variant, another layout's tag, a bit set that
+        the layout leaves zero, or a time outside the layout's epoch..last millisecond.
+        """
+        if isinstance(value, str):
+            try:
+                value = _uuid.UUID(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a UUID") from None
+        elif not isinstance(value, _uuid.UUID):
+            raise ValueError(f"{value!r} is not a UUID")
+        n = value.int
+        if n >> 62 & 0b11 != 0b10:
+            raise ValueError(f"UUID {value} is not of the RFC 9562 variant (bits 10), so no snowfence ID's")
+        if value.version != 7:
+            raise ValueError(f"UUID {value} is version {n >> 76 & 0xF}, not 7, so no snowfence ID's")
+        tag = n >> 64 & 0xFFF
+        if tag != self.uuid_tag:
+            raise ValueError(
+                f"UUID {value} was not made with this layout: it carries tag {tag:03x}, the layout's is "
+                f"{self.uuid_tag:03x}"
+            )
+        k = ID_BITS - self.time_bits
+        low = n & ((1 << 62) - 1)
+        if low >> k:
+            raise ValueError(f"UUID {value} has bits set that this layout's UUIDs leave zero: not from this layout")
+        unix_ms = n >> 80
+        if not self.epoch_ms <= unix_ms <= self.last_unix_ms:
+            raise ValueError(
+                f"UUID {value} carries {_show_ms(unix_ms)}, outside this layout's "
+                f"{_show_ms(self.epoch_ms)} to {_show_ms(self.last_unix_ms)}"
+            )
+        shard = low >> self.time_shift
+        return (
+            shard << self.shard_shift
+            | (unix_ms - self.epoch_ms) << self.time_shift
+            | (low & ((1 << self.time_shift) - 1))
+        )
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -403,3 +500,29 @@ def decode(id_: int | str, layout: Layout = DEFAULT_LAYOUT) -> Decoded:
             raise ValueError(f"{id_!r} is not a snowfence ID (a non-negative 63-bit integer)")
         id_ = int(text)
     return layout.decompose(id_)
+
+
+def to_base32(id_: int) -> str:
+    """An ID as 13 characters of Crockford base32, uppercase and zero-padded, so that
+    text order is ID order (the first character is 0..7: the 65 bits' top two, 64 and 63, are 0).
+    The same for every layout. :func:`from_base32` is its exact inverse."""
+    if isinstance(id_, bool) or not isinstance(id_, int) or not 0 <= id_ < (1 << ID_BITS):
+        raise ValueError(f"{id_!r} is not a snowfence ID (a non-negative 63-bit integer)")
+    return "".join(CROCKFORD[(id_ >> shift) & 31] for shift in range(5 * (BASE32_WIDTH - 1), -1, -5))
+
+
+def from_base32(text: str) -> int:
+    """The ID of a :func:`to_base32` form. Lowercase is read as uppercase, and Crockford's
+    aliases I and L as 1, O as 0; anything else (a U, a hyphen, a space, another length,
+    a value above 2**63 - 1) raises ``ValueError``."""
+    if not isinstance(text, str) or len(text) != BASE32_WIDTH:
+        raise ValueError(f"{text!r} is not a base32 ID (13 Crockford base32 characters)")
+    value = 0
+    for char in text:
+        digit = _CROCKFORD_VALUE.get(char)
+        if digit is None:
+            raise ValueError(f"{text!r} is not a base32 ID: {char!r} is not a Crockford base32 digit")
+        value = value << 5 | digit
+    if value >> ID_BITS:
+        raise ValueError(f"{text!r} is not a base32 ID: above the largest ID (its first character is 0..7)")
+    return value
