@@ -2,8 +2,8 @@
 
 snowfence serve [--bind EP] [--workers N] [--region R] [--state-dir DIR] [--config FILE] ...
 snowfence check-config [the flags of serve] [--json]
-snowfence reserve N [--connect EP[,EP...]] [--format text|json|binary|blocks]
-snowfence decode [ID... | -] [--json] [--connect EP | --check]
+snowfence reserve N [--connect EP[,EP...]] [--format text|json|binary|blocks|uuid|base32]
+snowfence decode [ID... | UUID... | BASE32... | -] [--json] [--connect EP | --check]
 snowfence id-at TIME [END] [--closed] [--json] [--connect EP]
 snowfence status [--connect EP[,EP...]] [--json]
 snowfence bench [--connect EP] [--duration S] [--batch N] [--clients C] [--depth D] [--rate R] [--json]
@@ -31,7 +31,7 @@ from . import __version__
 from . import config as config_mod
 from .clients.core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
 from .errors import ConfigError, EtcdUnavailable, SnowfenceError, StateDirError
-from .ids import format_unix_ms
+from .ids import BASE32_WIDTH, format_unix_ms, from_base32, to_base32
 from .protocol import MAX_BLOCK, endpoint_problem
 from .workers.exits import Exit
 
@@ -199,10 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     _connect_arg(reserve)
     reserve.add_argument(
         "--format",
-        choices=["text", "json", "binary", "blocks"],
+        choices=["text", "json", "binary", "blocks", "uuid", "base32"],
         default="text",
         help="text: one ID per line; json: one array of IDs as strings; binary: raw little-endian int64; "
-        "blocks: 'first count' per line. Output streams as IDs arrive.",
+        "blocks: 'first count' per line; uuid: the RFC 9562 UUIDv7 of each ID (in the node's layout), one per "
+        "line; base32: 13 Crockford base32 characters per ID, one per line. Output streams as IDs arrive.",
     )
     reserve.add_argument("--json", dest="format", action="store_const", const="json", help="Same as --format json.")
     reserve.add_argument(
@@ -228,8 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
         "ids",
         nargs="*",
         metavar="ID",
-        help="IDs to decode; none, or -, reads them from stdin (whitespace-separated, as `snowfence reserve` prints "
-        "them, or a JSON array of strings).",
+        help="IDs to decode, in decimal, as UUIDv7s (8-4-4-4-12 or 32 hex digits) or in base32 (13 Crockford "
+        "characters; all digits is read as decimal), as `snowfence reserve --format text|uuid|base32` prints them; "
+        "none, or -, reads them from stdin (whitespace-separated, or a JSON array of strings).",
     )
     decode.add_argument("--json", action="store_true", help="One JSON object per line.")
     decode.add_argument(
@@ -520,6 +522,8 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     if args.format == "json":
         out.write(b"[")
     with client:
+        if args.format == "uuid":
+            write = _uuid_writer(client.layout())
         left = args.count
         while left:
             blocks = client.reserve(min(left, args.chunk), after=args.after)
@@ -552,7 +556,33 @@ def _write_blocks(out, block, first: bool) -> None:
     out.write(f"{block.first} {block.count}\n".encode())
 
 
-_WRITERS = {"text": _write_text, "json": _write_json, "binary": _write_binary, "blocks": _write_blocks}
+def _write_base32(out, block, first: bool) -> None:
+    out.write("".join(f"{to_base32(i)}\n" for i in block.range()).encode())
+
+
+def _uuid_writer(layout):
+    """The writer of ``--format uuid``: it needs the node's layout, asked once."""
+
+    def write(out, block, first: bool) -> None:
+        to_uuid = layout.to_uuid
+        try:
+            out.write("".join(f"{to_uuid(i)}\n" for i in block.range()).encode())
+        except ValueError as exc:  # an ID whose time is past what a UUIDv7 carries
+            raise _Plain(str(exc)) from None
+
+    return write
+
+
+_WRITERS = {
+    "text": _write_text,
+    "json": _write_json,
+    "binary": _write_binary,
+    "blocks": _write_blocks,
+    "uuid": None,  # needs the layout: _uuid_writer
+    "base32": _write_base32,
+}
+#: The text forms decode reads besides decimal: a UUID with dashes, or 32 hex digits.
+UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|[0-9a-fA-F]{32}")
 
 
 def _decode_inputs(ids: list[str]):
@@ -578,11 +608,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
     flagged = 0
     for text in _decode_inputs(args.ids):
         try:
-            fields = layout.decompose(int(text)) if text.strip().isdigit() else None
-        except ValueError:
-            fields = None
-        if fields is None:
-            print(f"snowfence: {text!r} is not a snowfence ID", file=sys.stderr)
+            fields = layout.decompose(_read_id(text, layout))
+        except ValueError as exc:
+            print(f"snowfence: {exc}", file=sys.stderr)
             status = 1
             continue
         flags = _id_flags(layout, fields, now_ms) if check else []
@@ -605,6 +633,23 @@ def cmd_decode(args: argparse.Namespace) -> int:
     if flagged:
         print(f"snowfence: {flagged} ID{'s' if flagged != 1 else ''} cannot be valid for the layout", file=sys.stderr)
     return status
+
+
+def _read_id(text: str, layout) -> int:
+    """An ID from decode's input, in whichever form it comes: decimal (all digits, whatever
+    the length), a UUIDv7 of ``layout`` (36 characters with dashes, or 32 hex digits), or 13
+    characters of base32. Raises ``ValueError`` with one line saying why not."""
+    word = text.strip()
+    if word.isdigit():
+        try:
+            return int(word)  # decompose checks the range
+        except ValueError:  # digits int() does not read, e.g. superscripts
+            pass
+    elif UUID_TEXT.fullmatch(word):
+        return layout.from_uuid(word)
+    elif len(word) == BASE32_WIDTH:
+        return from_base32(word)
+    raise ValueError(f"{text!r} is not a snowfence ID")
 
 
 def _id_flags(layout, fields, now_ms: int) -> list[str]:
