@@ -23,6 +23,7 @@ RFC 9562 UUIDv7 whose timestamp is the ID's Unix millisecond, and :func:`to_base
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import uuid as _uuid
 from dataclasses import asdict, dataclass
@@ -377,7 +378,7 @@ class Layout:
     def uuid_tag(self) -> int:
         """The 12 bits (``rand_a``) every UUID of this layout carries: the first three hex
         digits of :meth:`digest`. A UUID with another tag was made with another layout."""
-        return int(self.digest()[:3], 16)
+        return _uuid_tag(self)
 
     def to_uuid(self, id_: int) -> _uuid.UUID:
         """The RFC 9562 UUIDv7 of an ID; :meth:`from_uuid` is its exact inverse.
@@ -426,24 +427,26 @@ class Layout:
             raise ValueError(f"{value!r} is not a UUID")
         n = value.int
         if n >> 62 & 0b11 != 0b10:
-            raise ValueError(f"UUID {value} is not of the RFC 9562 variant (bits 10), so no snowfence ID's")
+            raise ValueError(f"UUID {value} is not a snowfence ID: its variant bits are not 10 (RFC 9562's)")
         if value.version != 7:
-            raise ValueError(f"UUID {value} is version {n >> 76 & 0xF}, not 7, so no snowfence ID's")
+            raise ValueError(f"UUID {value} is not a snowfence ID: version {n >> 76 & 0xF}, not 7")
         tag = n >> 64 & 0xFFF
         if tag != self.uuid_tag:
             raise ValueError(
-                f"UUID {value} was not made with this layout: it carries tag {tag:03x}, the layout's is "
+                f"UUID {value} is not a snowfence ID of this layout: it carries layout tag {tag:03x}, this layout's is "
                 f"{self.uuid_tag:03x}"
             )
         k = ID_BITS - self.time_bits
         low = n & ((1 << 62) - 1)
         if low >> k:
-            raise ValueError(f"UUID {value} has bits set that this layout's UUIDs leave zero: not from this layout")
+            raise ValueError(
+                f"UUID {value} is not a snowfence ID of this layout: bits are set that the layout leaves zero"
+            )
         unix_ms = n >> 80
         if not self.epoch_ms <= unix_ms <= self.last_unix_ms:
             raise ValueError(
-                f"UUID {value} carries {_show_ms(unix_ms)}, outside this layout's "
-                f"{_show_ms(self.epoch_ms)} to {_show_ms(self.last_unix_ms)}"
+                f"UUID {value} is not a snowfence ID of this layout: it carries {_show_ms(unix_ms)}, "
+                f"outside the layout's {_show_ms(self.epoch_ms)} to {_show_ms(self.last_unix_ms)}"
             )
         shard = low >> self.time_shift
         return (
@@ -492,6 +495,11 @@ class Layout:
 DEFAULT_LAYOUT = Layout()
 
 
+@functools.lru_cache(maxsize=64)
+def _uuid_tag(layout: Layout) -> int:
+    return int(layout.digest()[:3], 16)
+
+
 def decode(id_: int | str, layout: Layout = DEFAULT_LAYOUT) -> Decoded:
     """The fields of an ID given as an int or a decimal string."""
     if isinstance(id_, str):
@@ -516,13 +524,15 @@ def from_base32(text: str) -> int:
     aliases I and L as 1, O as 0; anything else (a U, a hyphen, a space, another length,
     a value above 2**63 - 1) raises ``ValueError``."""
     if not isinstance(text, str) or len(text) != BASE32_WIDTH:
-        raise ValueError(f"{text!r} is not a base32 ID (13 Crockford base32 characters)")
+        raise ValueError(f"{text!r} is not a snowfence ID in base32 (13 Crockford base32 characters)")
     value = 0
     for char in text:
         digit = _CROCKFORD_VALUE.get(char)
         if digit is None:
-            raise ValueError(f"{text!r} is not a base32 ID: {char!r} is not a Crockford base32 digit")
+            raise ValueError(f"{text!r} is not a snowfence ID in base32: {char!r} is not a Crockford base32 digit")
         value = value << 5 | digit
     if value >> ID_BITS:
-        raise ValueError(f"{text!r} is not a base32 ID: above the largest ID (its first character is 0..7)")
+        raise ValueError(
+            f"{text!r} is not a snowfence ID in base32: above the largest ID (its first character is 0..7)"
+        )
     return value
