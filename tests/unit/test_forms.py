@@ -293,3 +293,21 @@ def test_the_forms_are_exported_by_the_package():
 
     assert snowfence.to_base32 is to_base32 and snowfence.from_base32 is from_base32
     assert "to_base32" in snowfence.__all__ and "from_base32" in snowfence.__all__
+
+
+def test_the_guide_shows_the_forms_as_they_are():
+    import hashlib
+    import re
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "GUIDE.md").read_text()
+    section = next(s for s in re.split(r"^## ", guide, flags=re.M) if s.startswith("ID forms: UUIDv7 and base32"))
+    id_ = 121057962826403840
+    assert f"snowfence decode {DEFAULT_LAYOUT.to_uuid(id_)} {to_base32(id_)} " in section
+    assert f"# {id_}  2026-12-01T01:21:07.486Z  region=0 worker=1 sequence=0" in section
+    canonical = re.search(r"`(epoch_ms=\d+,[a-z_=0-9,]+)`", section).group(1)
+    assert hashlib.sha256(canonical.encode()).hexdigest()[:3] == f"{DEFAULT_LAYOUT.uuid_tag:03x}"
+    assert f"whose tag is `{DEFAULT_LAYOUT.uuid_tag:03x}`" in section
+    assert "`0123456789ABCDEFGHJKMNPQRSTVWXYZ`" in section
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"snowfence decode {DEFAULT_LAYOUT.to_uuid(id_)} " in readme and f"snowfence decode {id_} --json" in readme
