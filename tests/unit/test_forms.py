@@ -187,7 +187,7 @@ GOOD = DEFAULT_LAYOUT.to_uuid(DEFAULT_LAYOUT.compose(1_000_000, 3, 5, 7))
         (with_fields(GOOD, rand_b=1 << 61), "leaves zero"),
         (with_fields(GOOD, unix_ms=DEFAULT_EPOCH_MS - 1), "outside the layout's"),
         (with_fields(GOOD, unix_ms=DEFAULT_LAYOUT.last_unix_ms + 1), "outside the layout's"),
-        (uuid.uuid4(), "not 7"),
+        (uuid.UUID("dde19362-f7f9-4467-8528-59cded0d8179"), "version 4, not 7"),
         (uuid.UUID(int=0), "variant"),
         ("not-a-uuid", "not a UUID"),
         ("019b76e9-ea40-7dfd-8000-00000018500", "not a UUID"),
