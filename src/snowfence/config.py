@@ -54,6 +54,14 @@ class Config:
         "(it carries no encryption).",
         metavar="HOST:PORT",
     )
+    http_bind: str = setting(
+        "auto",
+        "HOST:PORT of the HTTP door: HTTP/1.1 and JSON (GET /v1/ids?count=N, /v1/status, ...; docs/HTTP.md) for "
+        "curl and languages without ZeroMQ, admitted as every other request. auto (the default): the bind's host, "
+        "on a port the system picks, when bind is tcp://; off: none. There is no HTTP door with CURVE (it has "
+        "neither encryption nor authentication).",
+        metavar="HOST:PORT",
+    )
     workers: int = setting(
         0,
         "Worker processes to run; 0 means one per CPU this process may use (its affinity mask and cgroup quota).",
@@ -373,6 +381,16 @@ class Config:
                     "fast_bind: the fast port carries no encryption, and a node with CURVE has none "
                     "(set fast_bind to off or auto)"
                 )
+        if self.http_bind not in ("auto", "off", ""):
+            try:
+                host_port(self.http_bind, "127.0.0.1:8080")
+            except ValueError as exc:
+                raise ConfigError(f"http_bind {self.http_bind!r}: {exc} (or auto, or off)") from None
+            if self.curve_secret_key:
+                raise ConfigError(
+                    "http_bind: the HTTP door has neither encryption nor authentication, and a node with CURVE "
+                    "has none (set http_bind to off or auto)"
+                )
         if self.metrics_bind:
             try:
                 host_port(self.metrics_bind)
@@ -441,7 +459,7 @@ class Config:
 
 
 #: Settings that take one of a few words; any case is accepted, kept in lower case.
-WORD_SETTINGS = ("log_level", "log_format", "clock_policy", "fast_bind")
+WORD_SETTINGS = ("log_level", "log_format", "clock_policy", "fast_bind", "http_bind")
 
 
 def host_port(text: str, example: str = "127.0.0.1:9464") -> tuple[str, int]:

@@ -95,6 +95,13 @@ class Readiness:
         except FileNotFoundError:
             self._epoll.register(fd, mask)
 
+    def watch_events(self, fd: int, mask: int) -> None:
+        """Watch a plain descriptor for exactly ``mask`` (0: only hang-ups and errors)."""
+        try:
+            self._epoll.modify(fd, mask)
+        except FileNotFoundError:
+            self._epoll.register(fd, mask)
+
     def unwatch(self, fd: int) -> None:
         self._epoll.unregister(fd)
 
@@ -285,6 +292,13 @@ class Node:
             fast.watch, fast.unwatch = ready.watch, ready.unwatch
             ready.watch(fast.listen_fd, False)
         listen_fd = fast.listen_fd if fast is not None else None
+        http = router.http
+        http_fds: dict = {}
+        if http is not None:
+            http_fds = http.by_fd
+            http.watch, http.unwatch = ready.watch_events, ready.unwatch
+            ready.watch(http.listen_fd, False)
+        http_listen_fd = http.listen_fd if http is not None else None
         zmq_fds = ready.zmq_fds
         epollout = select.EPOLLOUT
         next_housekeeping_ns = 0
@@ -317,6 +331,8 @@ class Node:
                             fast.on_readable(fd)
                     elif fd in zmq_fds:
                         stale = True
+                    elif fd in http_fds or fd == http_listen_fd:
+                        http.on_event(fd, events)
                     elif fd == wake_fd:
                         try:
                             while wake.recv(512):
@@ -341,6 +357,8 @@ class Node:
         finally:
             if fast is not None:
                 fast.detach()  # the router closes it after this set is gone
+            if http is not None:
+                http.detach()
             ready.close()
 
     def housekeeping(self, now_ns: int, ready: Readiness) -> bool:
@@ -359,6 +377,8 @@ class Node:
         if not sup.tick(now_ns, routing.heard):
             return False
         routing.tick(now_ns)
+        if self.router.http is not None:
+            self.router.http.tick(now_ns)
         if now_ns >= self._next_membership_ns:
             self._next_membership_ns = now_ns + int(PEER_INTERVAL_S * 1e9)
             self.follow_membership(ready)
@@ -432,6 +452,7 @@ class Node:
         return {
             **self.entry,
             "fast_port": self.router.fast.port if self.router.fast is not None else None,
+            "http_port": self.router.http.port if self.router.http is not None else None,
             "worker_ids": worker_ids,
             "in_rotation": bool(routing.rotation) and routing.veto is None,
             "clock_offsets_ms": {
@@ -444,9 +465,15 @@ class Node:
         own = self.own_entry()
         # The answering node's own fast port: a client reaches it at the host it reached this node on.
         fast = self.router.fast.port if self.router.fast is not None else None
+        http = own["http_port"]
         if self.membership is None:
-            return {"cluster": None, "nodes": [own], "fast_port": fast}
-        return {"cluster": self.config.cluster, "nodes": self.membership.view(own), "fast_port": fast}
+            return {"cluster": None, "nodes": [own], "fast_port": fast, "http_port": http}
+        return {
+            "cluster": self.config.cluster,
+            "nodes": self.membership.view(own),
+            "fast_port": fast,
+            "http_port": http,
+        }
 
     def follow_membership(self, ready: Readiness) -> None:
         """Publish our entry; measure clocks against every other registered node."""
@@ -481,6 +508,7 @@ class Node:
             **self.supervisor.describe(),
             "mints_up_to": config.broker_mint_max_ids if self.own is not None else 0,
             "fast_port": self.router.fast.describe() if self.router and self.router.fast else None,
+            "http_port": self.router.http.describe() if self.router and self.router.http else None,
             "own_worker_id": self.own.describe() if self.own is not None else None,
             "watermark": (
                 self.watermark.describe(time.time_ns() // 1_000_000 - config.layout.epoch_ms)

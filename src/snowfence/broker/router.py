@@ -20,6 +20,7 @@ from ..config import Config
 from ..errors import BadRequest, ConfigError
 from .auth import CurveServer
 from .fast import FastPort, fast_address, is_fast_addr
+from .http import HttpDoor, http_address
 from .metrics import Metrics
 from .routing import Routing
 
@@ -48,6 +49,10 @@ def _no_fast_port(addr: bytes, reply: bytes) -> None:
     """A reply for a fast connection on a node without a fast port: none can exist."""
 
 
+def _no_http_door(addr: bytes, reply: bytes) -> None:
+    """A reply for an HTTP connection on a node without an HTTP door: none can exist."""
+
+
 class ZmqFront:
     """The frontend and backend ROUTER sockets around a :class:`Routing` core (``core``)."""
 
@@ -66,6 +71,10 @@ class ZmqFront:
         #: the sockets, for close() after a failed start.
         self.fast: FastPort | None = None
         self._fast_send = _no_fast_port
+        #: The HTTP door (``broker/http.py``), if this node has one; its connections' addresses
+        #: have the fast connections' shape, with 1 for a second byte.
+        self.http: HttpDoor | None = None
+        self._http_send = _no_http_door
         #: Set on every send on a ZeroMQ socket outside the loop's reads of them (the loop
         #: reads and clears it: it must then look at the sockets' events again).
         self.zmq_used = False
@@ -95,6 +104,14 @@ class ZmqFront:
                 self.close()
                 raise
             self._fast_send = self.fast.send
+        where = http_address(config.http_bind, self.endpoint(), bool(config.curve_secret_key))
+        if where is not None:
+            try:
+                self.http = HttpDoor(*where, config, requests=self.core.requests)
+            except BaseException:
+                self.close()
+                raise
+            self._http_send = self.http.send
 
     def _setup_sockets(self, config: Config, backend_endpoint: str, curve: CurveServer | None) -> None:
         if curve is not None:
@@ -153,16 +170,19 @@ class ZmqFront:
                 )
                 continue
             if is_fast_addr(addr):
-                # A ZeroMQ peer that set itself a fast connection's routing id: its replies
-                # would go to that connection. Not answered (an answer would go there too),
+                # A ZeroMQ peer that set itself a fast (or HTTP) connection's routing id: its
+                # replies would go to that connection. Not answered (an answer would go there too),
                 # and counted as a bad request, not as a request.
                 core.counters["bad_request"] += 1
                 continue
             requests(((meta, addr, body),))
 
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
-        if is_fast_addr(addr):
-            self._fast_send(addr, reply)
+        if is_fast_addr(addr):  # the broker's own connections: the fast port's, or HTTP's (second byte 1)
+            if addr[1]:
+                self._http_send(addr, reply)
+            else:
+                self._fast_send(addr, reply)
             return
         front = self.frontend
         self.zmq_used = True
@@ -206,6 +226,8 @@ class ZmqFront:
     def close(self) -> None:
         if self.fast is not None:
             self.fast.close()
+        if self.http is not None:
+            self.http.close()
         self.frontend.close()
         self.backend.close()
         if self._ipc_path is not None:
