@@ -60,7 +60,9 @@ class Watermark:
     def open(self) -> bool:
         """Open its own store (read-mostly: it holds no worker ID). False if it cannot."""
         try:
-            self.store = self._open_store(self.config, journal=False)
+            # With the node's journal: a round that finds the store went back promises nothing,
+            # and every promise is noted there before it is answered (claims start above it).
+            self.store = self._open_store(self.config)
         except SnowfenceError as exc:
             event(log, "watermark_disabled", f"this node answers no WATERMARK: {exc}", level=logging.WARNING)
             return False

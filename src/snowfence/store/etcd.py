@@ -857,10 +857,11 @@ class EtcdStore(Store):
 
     def _watermark_floor(self, record_kv) -> int:
         """The millisecond a claim that read ``record_kv`` must not mint below: the record's,
-        or, for a record that is not ours to read, a quarantine from now (it may hide any
-        watermark already answered)."""
+        or the highest this node's journal saw or promised (a record deleted or restored
+        older is not a watermark forgotten); for a record that is not ours to read, a
+        quarantine from now (it may hide any watermark already answered)."""
         try:
-            return watermark.decode(record_kv[0][0] if record_kv else None)
+            record = watermark.decode(record_kv[0][0] if record_kv else None)
         except ValueError as exc:
             quarantine = self.quarantine_ms()
             event(
@@ -871,6 +872,10 @@ class EtcdStore(Store):
                 level=logging.WARNING,
             )
             return self._now_ms() + quarantine
+        if self.journal is None:
+            return record
+        self.journal.note_watermark(record)
+        return max(record, self.journal.watermark_ms)
 
     def _floors(self, mark_kvs, claim_kvs, record_rev: int) -> list[watermark.Floor]:
         """Every mark of the cluster (all regions), as the watermark reads it. A mark that
@@ -960,7 +965,11 @@ class EtcdStore(Store):
         mark_kvs, claim_kvs = responses[-2], responses[-1]
         floors = self._floors(mark_kvs, claim_kvs, record_meta.mod_revision)
         self.watermark_low = watermark.lowest(floors, now_ms, skew)
-        return wanted if watermark.holds(wanted, floors, now_ms, skew) else promised
+        if not watermark.holds(wanted, floors, now_ms, skew):
+            return promised
+        if self.journal is not None:
+            self.journal.note_watermark(wanted)  # before it is answered: this node's claims never forget it
+        return wanted
 
     watermark_round = etcd_call(watermark_round)
 

@@ -981,9 +981,13 @@ class FileStore(Store):
         for a record that is not ours to read, a quarantine from now (it may hide any
         watermark already answered)."""
         try:
-            return self.read_watermark()
+            record = self.read_watermark()
         except WatermarkRecordUnreadable as exc:
             return self._unknown_floor(worker_id, None, str(exc))
+        # The highest this node's journal saw or promised: a state directory wiped (its record
+        # with it) is not a watermark forgotten.
+        self.journal.note_watermark(record)
+        return max(record, self.journal.watermark_ms)
 
     def _floor_path(self, worker_id: int, region_dir: Path | None = None) -> Path:
         return (self.dir if region_dir is None else region_dir) / f"worker-{worker_id}.floor"
@@ -1068,7 +1072,11 @@ class FileStore(Store):
             with RegionLock(path):
                 floors.extend(self._region_floors(region, path))
         self.watermark_low = watermark.lowest(floors, now_ms, 0)
-        return wanted if watermark.holds(wanted, floors, now_ms, 0) else promised
+        if not watermark.holds(wanted, floors, now_ms, 0):
+            return promised
+        if self.journal is not None:
+            self.journal.note_watermark(wanted)  # before it is answered: this node's claims never forget it
+        return wanted
 
     def describe(self) -> dict:
         return {"store": "embedded", "state_dir": str(self.root)}

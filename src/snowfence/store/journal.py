@@ -102,6 +102,9 @@ class Journal:
         self.epochs: dict[str, dict] = {}
         self.acks: set[str] = set()
         self.window_ms = 0
+        #: The highest watermark record this node saw or promised (ms since the epoch): its
+        #: claims start above it even when the store's record is gone (a wiped directory).
+        self.watermark_ms = 0
         #: What went back, once seen; cleared only by accepting a restore.
         self.problem: str | None = None
         #: The latest epoch when the problem was seen: an epoch begun after it (a restore
@@ -146,6 +149,8 @@ class Journal:
                 raise ValueError("window_ms or problem is damaged")
             if type(doc.get("problem_seq", 0)) is not int:
                 raise ValueError("problem_seq is damaged")
+            if type(doc.get("watermark_ms", 0)) is not int:
+                raise ValueError("watermark_ms is damaged")
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             # The witness is damaged: claims are refused (never read as "no history")
             # until an operator repairs or removes the file.
@@ -174,6 +179,7 @@ class Journal:
                 ours["marks"][mkey] = [newer[0], newer[1], peak, newer[3]]
         self.acks |= set(doc["acks"])
         self.window_ms = max(self.window_ms, doc["window_ms"])
+        self.watermark_ms = max(self.watermark_ms, doc.get("watermark_ms", 0))
         if doc["problem"] and doc.get("problem_seq", 0) >= self.problem_seq:
             self.problem, self.problem_seq = doc["problem"], doc.get("problem_seq", 0)
         self._clear_accepted()
@@ -232,6 +238,7 @@ class Journal:
             "window_ms": self.window_ms,
             "problem": self.problem,
             "problem_seq": self.problem_seq,
+            "watermark_ms": self.watermark_ms,
         }
 
     def save_if_changed(self) -> None:
@@ -424,6 +431,14 @@ class Journal:
             if revision is not None and revision > epoch["revision"]:
                 epoch["revision"] = revision
             self._save()
+
+    def note_watermark(self, ms: int) -> None:
+        """Record a watermark this node promised, or a record it read; durable on return
+        (a promise is answered only then). Its claims start above the highest."""
+        with self._lock:
+            if ms > self.watermark_ms:
+                self.watermark_ms = ms
+                self._save()
 
     def floor_ms(self, region: int, worker_id: int) -> int:
         """The highest millisecond of ``worker_id`` this journal knows may have been minted

@@ -346,3 +346,31 @@ def test_with_a_wide_worker_field_a_round_reads_the_worker_ids_that_have_files(t
     assert store.watermark_round(now, 0) == now - 300
     holder.release(now)
     assert store.watermark_round(now, 0) == now
+
+
+def test_a_claim_after_the_state_directory_was_wiped_starts_above_what_its_journal_promised(tmp_path):
+    from snowfence.store.journal import Journal
+
+    clock = FakeClock()
+    state, journals = tmp_path / "state", tmp_path / "journal-on-another-disk"
+
+    def open_store():
+        s = FileStore(state, DEFAULT_LAYOUT, 0, wall_ns=clock.wall_ns, journal=Journal(journals, "embedded"))
+        s.check_layout(DEFAULT_LAYOUT)
+        return s
+
+    store = open_store()
+    clock.advance_ms(10_000)
+    now = clock.wall_ms - DEFAULT_LAYOUT.epoch_ms
+    promised = store.watermark_round(now, 0)
+    assert promised == now and Journal(journals, "embedded").watermark_ms == promised  # noted before answered
+    import shutil
+
+    shutil.rmtree(state)  # the record with it
+    clock.step_ms(-30_000)  # and the clock set back further than any quarantine reaches
+    again = FileStore(state, DEFAULT_LAYOUT, 0, wall_ns=clock.wall_ns, journal=Journal(journals, "embedded"))
+    again.accept_restore("wiped by hand")  # the journal saw the store: an operator accepts its loss
+    again.check_layout(DEFAULT_LAYOUT)
+    lease = again.try_claim(0, HOLDER, None)
+    assert lease.claimed_mark_ms < promised  # the mark alone would let it mint below the promise
+    assert lease.watermark_ms == promised and lease.floor_ms >= promised
