@@ -389,6 +389,29 @@ MUTANTS = [
         "the supervisor restarts a worker that cannot boot instead of halting the node",
         (Edit(R + "supervisor:Supervisor.reap", "            if status in HALT:", "            if False:"),),
     ),
+    # -- the watermark (store/watermark.py), as the simulator runs it
+    Mutant(
+        "claim-ignores-watermark",
+        "a claim's minter starts above the previous owner's mark only, not above the watermark record it read",
+        (
+            Edit(
+                M + "core:Held.start",
+                "minter.start_after(max(lease.claimed_mark_ms, lease.watermark_ms - 1))",
+                "minter.start_after(lease.claimed_mark_ms)",
+            ),
+        ),
+    ),
+    Mutant(
+        "floor-above-last-minted",
+        "a holder publishes a floor 50 ms above the last millisecond it minted (it may still mint below it)",
+        (
+            Edit(
+                M + "keeper:Keeper.renew_once",
+                "        floor_ms = minter.last_ms\n",
+                "        floor_ms = minter.last_ms + 50\n",
+            ),
+        ),
+    ),
     Mutant(
         "loop-turn-deaf",
         "the worker loop's turn does not note a frame from the broker as word from it",
@@ -478,7 +501,7 @@ def apply(mutant: Mutant) -> None:
         namespace: dict = {}
         exec(code, module.__dict__, namespace)
         new_fn = namespace[name]
-        if getattr(fn, "__wrapped__", None) is not None:
+        if getattr(fn, "__wrapped__", None) is not None and not isinstance(fn, classmethod):
             # Wrapped after its body (etcd/store.py's `name = etcd_call(name)`): so is the mutant.
             new_fn = module.etcd_call(new_fn)
         replacements.append((holder, name, new_fn, new_src))

@@ -103,6 +103,8 @@ SEARCH_FROM = {
     "supervisor-never-kills": 23,
     "supervisor-restarts-boot-errors": 1,
     "loop-turn-deaf": 1,
+    "claim-ignores-watermark": 21,
+    "floor-above-last-minted": 256,
 }
 
 
