@@ -15,7 +15,9 @@ per worker the (connection, count, workers that refused it before) of what it
 sent there, in order, and a reply or refusal ends the oldest. A refusal (fenced, clock unsafe, reservation
 expired) comes back with the original request, which goes to another worker,
 never back to one that refused it, before the client gets the refusal
-(``MAX_TRIES`` workers at most).
+(``MAX_TRIES`` workers at most). A refusal that is not retriable (``bad_request``:
+a causal token from a shard above every worker ID of that worker) goes to every
+other worker in rotation before the client gets it.
 
 Workers report their state (the STATE frame) every heartbeat and on change; a
 worker not ready, or silent for ``heartbeat_timeout_s``, is out of rotation.
@@ -114,6 +116,16 @@ _plain_reserve = protocol.plain_reserve
 _AFTER_SIZE = protocol.RESERVE_AFTER_SIZE
 #: The workers that refused a request no worker has refused yet.
 _NONE_REFUSED: tuple[bytes, ...] = ()
+
+
+def _not_retriable(error_reply: bytes) -> bool:
+    """Whether a worker's refusal (an ERROR reply) is not retriable: about the request itself
+    (a causal token none of that worker's worker IDs can sort after), not about the worker."""
+    try:
+        error = protocol.decode_reply(error_reply).error
+    except BadRequest:
+        return False
+    return error is not None and not error.retriable
 
 
 class Link:
@@ -427,7 +439,7 @@ class Routing:
             if link is None:
                 if refusers and not self._another_worker(refusers):
                     # Every worker in rotation refused it while it waited: the last refusal stands.
-                    self.counters["refused"] += 1
+                    self.counters["bad_request" if _not_retriable(refusal) else "refused"] += 1
                     self.to_client(meta, conn.addr, refusal)
                     self.done(conn.addr, count)
                     return True
@@ -572,18 +584,30 @@ class Routing:
     ) -> None:
         """Worker ``ident`` refused a request (``sent``: what it was, None if written
         off): another worker that has not refused it gets it, or the client gets
-        the refusal."""
+        the refusal.
+
+        A refusal that is not retriable is about the request, not the worker: none of
+        its worker IDs can honour the request's causal token (a token from a shard above
+        theirs). It stays in rotation, and the request goes to every other worker in
+        rotation in turn, not counted among the ``MAX_TRIES``, so that whether a token is
+        honoured never depends on which worker took it first."""
         request, error_reply = protocol.split_refused(rest)
-        tries = (meta & _META_TRIES) + 1
+        elsewhere = _not_retriable(error_reply)
+        tries = (meta & _META_TRIES) + (not elsewhere)
         if sent is not None:
             count = sent[1]
             refusers = (*sent[2], ident)
             conn = self.conns.get(addr)
-            if conn is not None and self.accepting and tries < MAX_TRIES and self._another_worker(refusers):
+            if (
+                conn is not None
+                and self.accepting
+                and (elsewhere or tries < MAX_TRIES)
+                and self._another_worker(refusers)
+            ):
                 self.counters["retried"] += 1
                 self.place_or_queue(conn, (meta & _META_DELIMITED) | tries, request, count, refusers, error_reply)
                 return
-        self.counters["refused"] += 1
+        self.counters["bad_request" if elsewhere else "refused"] += 1
         self.to_client(meta, addr, error_reply)
         if sent is not None:
             self.done(addr, sent[1])

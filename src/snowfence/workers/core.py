@@ -329,9 +329,8 @@ class WorkerCore:
         request_id, n = plain
         try:
             minted = self.mint(n, after)
-        except (TokenAhead, BadRequest) as err:
-            # A token too far ahead (every worker here shares this clock: no point
-            # trying another), or one this worker ID's shard cannot sort after.
+        except TokenAhead as err:
+            # A token too far ahead: every worker here shares this clock, no point trying another.
             self.counters[err.code] += 1
             self.send(protocol.encode_reply(meta, addr, protocol.encode_error(request_id, err)))
             return self._timed(after is not None, start_ns)
@@ -348,18 +347,27 @@ class WorkerCore:
         self.send(protocol.encode_refused(meta, addr, body, protocol.encode_error(request_id, error)))
         return self._timed(after is not None, start_ns)
 
-    def mint(self, n: int, after: int | None = None) -> tuple[int, int] | Refused | None:
+    def mint(self, n: int, after: int | None = None) -> tuple[int, int] | SnowfenceError | None:
         """The mint step, for a worker's requests and the broker's own worker ID alike: the
         next ready worker ID (round robin) mints ``n`` IDs (above the causal token
         ``after``); one that refuses leaves rotation (:meth:`on_refused`) and the next
         tries. Returns ``(first, count)``, or the last refusal, or None if none was ready.
-        A token it cannot honour raises (``TokenAhead``, ``BadRequest``), as does a
-        minter that may not wait (``WouldWait``): the caller answers or declines."""
-        error = None
-        while self.ready:  # every refusal takes a worker ID out of self.ready
+
+        A token in a shard above a worker ID's (no ID it mints can sort after it) is
+        passed to the next ready worker ID, and that worker ID stays in rotation: the
+        token is the request's, not the worker ID's fault. If no ready worker ID here
+        can honour it, the ``BadRequest`` is returned like a refusal (one about a worker
+        ID that could have honoured it outranks it), and the broker tries another
+        worker. A token too far ahead raises ``TokenAhead``, as does a minter that may
+        not wait (``WouldWait``): the caller answers or declines."""
+        error: SnowfenceError | None = None
+        below: list[Held] = []  # ready worker IDs whose shard is below the token's
+        while len(self.ready) > len(below):  # every refusal takes a worker ID out of self.ready
             ready = self.ready
             self._rr = (self._rr + 1) % len(ready)
             held = ready[self._rr]
+            if below and held in below:
+                continue
             try:
                 if after is None:
                     first, count = held.minter.reserve(n)
@@ -368,6 +376,11 @@ class WorkerCore:
             except Refused as err:
                 error = err
                 self.on_refused(held, err)
+                continue
+            except BadRequest as err:  # floor_after: the token's shard is above this worker ID's
+                below.append(held)
+                if error is None:
+                    error = err
                 continue
             counters = self.counters
             counters["requests_ok"] += 1

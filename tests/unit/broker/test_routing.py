@@ -350,6 +350,44 @@ def test_a_request_refused_by_max_tries_workers_is_answered_with_the_refusal(rig
     assert r.core.active_connections() == 0
 
 
+def test_a_token_no_worker_id_of_a_worker_can_honour_goes_to_every_other_worker_beyond_max_tries(rig):
+    # A worker none of whose worker IDs can sort after a causal token (a token from a
+    # higher shard) refuses it with bad_request; which worker took it first must not
+    # decide the answer, so every worker in rotation is tried, MAX_TRIES or not.
+    r = rig()
+    workers = [r.worker(slot) for slot in range(MAX_TRIES + 2)]
+    r.ask(b"c", 3, after=1 << 62)
+    tried = []
+    for _ in range(MAX_TRIES + 1):
+        [(w, work)] = [(w, work) for w in workers for work in r.work(w)]
+        assert w not in tried and work[0] & protocol.META_TRIES == 0  # not counted as a try
+        tried.append(w)
+        r.refuse(w, work, "bad_request")
+    assert r.replies(b"c") == []
+    [(last, (meta, addr, body))] = [(w, work) for w in workers for work in r.work(w)]
+    assert last not in tried and protocol.decode_request(body).after == 1 << 62
+    block = protocol.encode_block(protocol.request_id_of(body), (1 << 62) + 5, 3)
+    r.core.on_worker(last, protocol.encode_reply(meta, addr, block))
+    [rep] = r.replies(b"c")
+    assert rep.error is None and rep.first == (1 << 62) + 5
+    assert r.core.counters["retried"] == MAX_TRIES + 1 and len(r.core.rotation) == len(workers)
+    assert r.core.active_connections() == 0
+
+
+def test_a_token_no_worker_can_honour_gets_bad_request_once_every_worker_in_rotation_refused_it(rig):
+    r = rig()
+    workers = [r.worker(slot) for slot in range(MAX_TRIES + 1)]
+    for _ in range(2):  # the same answer every time, whichever worker takes it first
+        r.ask(b"c", 1, after=1 << 62)
+        for _ in workers:
+            [(w, work)] = [(w, work) for w in workers for work in r.work(w)]
+            r.refuse(w, work, "bad_request")
+        assert all(r.work(w) == [] for w in workers)
+        assert r.codes(b"c") == ["bad_request"]
+    assert r.core.counters["bad_request"] == 2 and r.core.counters["refused"] == 0
+    assert r.core.counters["retried"] == 2 * MAX_TRIES and r.core.active_connections() == 0
+
+
 def test_a_refusal_once_stopping_goes_to_the_client(rig):
     r = rig()
     w0, _ = r.worker(0), r.worker(1)

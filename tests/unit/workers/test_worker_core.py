@@ -325,3 +325,73 @@ def test_a_request_that_is_not_a_reserve_is_answered_bad_request_and_counted():
     core.handle(protocol.encode_work(0, b"c", protocol.encode_status(7)), clock.mono_ns())
     [reply] = replies(sent)
     assert reply.request_id == 7 and reply.error.code == "bad_request" and core.counters["bad_request"] == 1
+
+
+# -- causal tokens from another shard ----------------------------------------------------------
+
+#: In region 0 with 2 shard bits, worker ID 0 is in shard 0 and worker ID 1 in shard 2.
+SHARDED = {"shard_bits": 2, "time_bits": 39}
+
+
+def token_in_shard(core: WorkerCore, clock: FakeClock, shard: int) -> int:
+    """An ID of this millisecond in ``shard`` (another node's worker ID there: region 7, worker 99)."""
+    layout = core.layout
+    ms = now_ms(clock, core)
+    return (shard << layout.shard_shift) | (ms << layout.time_shift) | (7 << layout.region_shift) | (99 << 12)
+
+
+def test_a_token_above_one_worker_ids_shard_is_minted_by_the_next_ready_one_and_none_leaves_rotation():
+    clock = FakeClock()
+    core, sent, _ = ready_core(clock, ids=2, **SHARDED)
+    layout = core.layout
+    assert [layout.shard_of(0, h.lease.worker_id) for h in core.held] == [0, 2]
+    token = token_in_shard(core, clock, 2)
+    sent.clear()
+    for i in range(6):  # round robin starts at either worker ID: each gets the token first in turn
+        work(core, clock, i, 5, after=token)
+    got = replies(sent)
+    assert [r.error for r in got] == [None] * 6 and [r.request_id for r in got] == list(range(6))
+    assert all(r.first > token and r.count == 5 for r in got)
+    assert {layout.decompose(r.first).worker for r in got} == {1}  # only shard 2 sorts after it
+    assert [h.state for h in core.held] == [READY, READY] and len(core.ready) == 2
+    assert [f[0] for f in sent].count(protocol.STATE) == 0  # nothing changed the broker must hear of
+    assert core.counters["requests_ok"] == 6 and core.counters["bad_request"] == 0
+
+
+def test_a_token_no_ready_worker_id_here_can_honour_is_refused_for_another_worker_and_none_leaves_rotation():
+    clock = FakeClock()
+    core, sent, _ = ready_core(clock, ids=2, **SHARDED)
+    token = token_in_shard(core, clock, 3)  # above both worker IDs' shards
+    sent.clear()
+    for i in range(4):
+        work(core, clock, i, 1, after=token)
+    assert [f[0] for f in sent] == [protocol.REFUSED] * 4  # the broker tries another worker; no STATE
+    got = replies(sent)
+    assert [(r.request_id, r.error.code, r.error.retriable) for r in got] == [
+        (i, "bad_request", False) for i in range(4)
+    ]
+    assert "shard 3" in got[0].error.message
+    assert [h.state for h in core.held] == [READY, READY] and len(core.ready) == 2
+    assert core.counters["refused_bad_request"] == 4 and core.counters["requests_ok"] == 0
+    # A token below every shard here: any worker ID sorts after it, at once.
+    sent.clear()
+    work(core, clock, 9, 1, after=token_in_shard(core, clock, 0) | (1 << 20))
+    [ok] = replies(sent)
+    assert ok.error is None and ok.first > token_in_shard(core, clock, 0)
+
+
+def test_a_refusal_about_a_worker_id_that_could_honour_the_token_outranks_the_shard_refusal():
+    clock = FakeClock()
+    core, sent, _ = ready_core(clock, ids=2, **SHARDED)
+    shard_two = core.held[1]
+    shard_two.minter.fence_deadline_ns = -1  # the one worker ID that sorts after the token is fenced
+    token = token_in_shard(core, clock, 2)
+    sent.clear()
+    work(core, clock, 1, 1, after=token)
+    [got] = replies(sent)
+    assert got.error.code == "fenced"  # the broker retries it (and counts it) as any refusal
+    assert shard_two.state == FENCED and core.ready == [core.held[0]]
+    sent.clear()
+    work(core, clock, 2, 1, after=token)  # only the shard-0 worker ID is left
+    [got] = replies(sent)
+    assert got.error.code == "bad_request" and core.held[0].state == READY
