@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,10 +47,12 @@ def pytest_collection_modifyitems(config, items):
 class Server:
     """One ``snowfence serve`` process group, observed only through the wire protocol."""
 
-    def __init__(self, directory: Path, workers: int = 2, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, directory: Path, workers: int = 2, args: tuple[str, ...] = (), ids_per_worker: int = 1) -> None:
         self.dir = directory
         self.workers = workers
-        self.args = list(args)
+        #: Entries of STATUS ``workers`` when ready: one per worker ID its workers hold.
+        self.entries = workers * ids_per_worker
+        self.args = list(args) + (["--ids-per-worker", str(ids_per_worker)] if ids_per_worker != 1 else [])
         sock_path = directory / "sf.sock"
         assert len(str(sock_path)) <= MAX_IPC_PATH, f"ipc path too long for a Unix socket: {sock_path}"
         self.endpoint = f"ipc://{sock_path}"
@@ -97,8 +101,18 @@ class Server:
         assert reply.type == sfwire.STATUS_REPLY and reply.request_id == rid, reply
         return reply.json
 
+    def bound_endpoint(self, timeout_s: float = READY_TIMEOUT_S) -> str:
+        """A ``tcp://HOST:0`` endpoint, once bound, as the server's log names it; it becomes ``endpoint``."""
+        deadline = time.monotonic() + timeout_s
+        while (found := re.search(r"snowfence serving on (tcp://\S+)", self.log_tail(200))) is None:
+            assert self.proc.poll() is None, f"server exited; log:\n{self.log_tail()}"
+            assert time.monotonic() < deadline, f"server did not bind; log:\n{self.log_tail()}"
+            time.sleep(0.05)
+        self.endpoint = found.group(1)
+        return self.endpoint
+
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict:
-        """Poll STATUS until all ``self.workers`` workers hold a worker ID and are in rotation."""
+        """Poll STATUS until every worker ID of its workers is held and in rotation."""
         deadline = time.monotonic() + timeout_s
         last: object = None
         while time.monotonic() < deadline:
@@ -112,7 +126,7 @@ class Server:
                 last = st.get("workers")
                 workers = st.get("workers") or []
                 if (
-                    len(workers) == self.workers
+                    len(workers) == self.entries
                     and all(w.get("in_rotation") is True for w in workers)
                     and all(w.get("worker_id") is not None for w in workers)
                 ):
@@ -145,6 +159,30 @@ class Server:
         except FileNotFoundError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 nothing listens on now (the system's pick, released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def started(directory: Path, workers: int = 1, args: tuple[str, ...] = (), tcp: bool = False, **kwargs) -> Server:
+    """A server started and ready (``tcp``: bound to ``tcp://127.0.0.1`` on a port the system
+    picks, instead of ``ipc://``); killed by the caller (``Server.kill``) in any case."""
+    srv = Server(directory, workers=workers, args=args, **kwargs)
+    if tcp:
+        srv.endpoint = "tcp://127.0.0.1:0"
+    try:
+        srv.start()
+        if tcp:
+            srv.bound_endpoint()
+        srv.ready_status = srv.wait_ready()
+    except BaseException:
+        srv.kill()
+        raise
+    return srv
 
 
 @pytest.fixture(scope="session")
@@ -213,3 +251,16 @@ def sockets(server):
     for sock in made:
         sock.close(0)
     ctx.term()
+
+
+@pytest.fixture(scope="session")
+def start_node():
+    """``start_node(directory, workers=1, args=(), tcp=False, ids_per_worker=1)``: a :class:`Server`
+    started and ready, for a module's own node (the caller kills it)."""
+    return started
+
+
+@pytest.fixture(scope="session")
+def unused_port():
+    """``unused_port()``: a TCP port of 127.0.0.1 nothing listens on now."""
+    return free_port

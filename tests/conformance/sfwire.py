@@ -8,6 +8,7 @@ Only pyzmq, ``struct`` and ``json`` are used.
 from __future__ import annotations
 
 import json
+import socket as _socket
 import struct
 from dataclasses import dataclass
 
@@ -17,9 +18,13 @@ VERSION = 1
 
 RESERVE = 0x01
 STATUS = 0x02
+TIME = 0x03
+NODES = 0x04
 WATERMARK = 0x05
 BLOCK = 0x81
 STATUS_REPLY = 0x82
+TIME_REPLY = 0x83
+NODES_REPLY = 0x84
 WATERMARK_REPLY = 0x85
 ERROR = 0xFF
 
@@ -29,6 +34,8 @@ MAX_COUNT = 4096
 MAX_BODY = 255
 #: Messages larger than this are dropped by the broker's transport.
 MAX_MESSAGE = 64 * 1024
+#: A causal token must be below this (bit 63 is never set in an ID).
+TOKEN_LIMIT = 1 << 63
 
 #: version:u8 type:u8 flags:u16 request_id:u64, big-endian ("network order").
 HEADER = struct.Struct("!BBHQ")
@@ -74,6 +81,10 @@ def status(request_id: int) -> bytes:
     return header(STATUS, request_id)
 
 
+def nodes(request_id: int) -> bytes:
+    return header(NODES, request_id)
+
+
 # -- replies --------------------------------------------------------------------------
 
 
@@ -94,8 +105,8 @@ class Reply:
 
     @property
     def json(self) -> dict:
-        """The UTF-8 JSON object of a STATUS_REPLY or ERROR."""
-        assert self.type in (STATUS_REPLY, ERROR), f"type 0x{self.type:02x} carries no JSON"
+        """The UTF-8 JSON object of a STATUS_REPLY, NODES_REPLY or ERROR."""
+        assert self.type in (STATUS_REPLY, NODES_REPLY, ERROR), f"type 0x{self.type:02x} carries no JSON"
         value = json.loads(self.payload.decode("utf-8"))
         assert isinstance(value, dict), f"expected a JSON object, got {type(value).__name__}"
         return value
@@ -131,6 +142,7 @@ class Decoded:
     region: int
     worker: int
     sequence: int
+    shard: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,7 @@ class Layout:
     region_bits: int
     worker_bits: int
     sequence_bits: int
+    shard_bits: int = 0
 
     @classmethod
     def of(cls, status_reply: dict) -> Layout:
@@ -150,6 +163,32 @@ class Layout:
             int(lay["region_bits"]),
             int(lay["worker_bits"]),
             int(lay["sequence_bits"]),
+            int(lay.get("shard_bits", 0)),
+        )
+
+    @property
+    def time_shift(self) -> int:
+        return self.sequence_bits + self.worker_bits + self.region_bits
+
+    @property
+    def shard_shift(self) -> int:
+        return self.time_shift + self.time_bits
+
+    def shard_of(self, region: int, worker: int) -> int:
+        """The shard of a worker ID, by the document's formula."""
+        if not self.shard_bits:
+            return 0
+        key = (region << 20) | worker
+        return ((key * 0x9E3779B97F4A7C15) % 2**64) >> (64 - self.shard_bits)
+
+    def compose(self, shard: int, unix_ms: int, region: int, worker: int, sequence: int = 0) -> int:
+        """An ID of these fields (any shard: a token need not be one this layout's hash gives)."""
+        return (
+            (shard << self.shard_shift)
+            | ((unix_ms - self.epoch_ms) << self.time_shift)
+            | (region << (self.sequence_bits + self.worker_bits))
+            | (worker << self.sequence_bits)
+            | sequence
         )
 
     def decode(self, id_: int) -> Decoded:
@@ -159,10 +198,11 @@ class Layout:
         time_shift = region_shift + self.region_bits
         return Decoded(
             id=id_,
-            unix_ms=(id_ >> time_shift) + self.epoch_ms,
+            unix_ms=((id_ >> time_shift) & ((1 << self.time_bits) - 1)) + self.epoch_ms,
             region=(id_ >> region_shift) & ((1 << self.region_bits) - 1),
             worker=(id_ >> worker_shift) & ((1 << self.worker_bits) - 1),
             sequence=id_ & seq_mask,
+            shard=id_ >> self.shard_shift,
         )
 
 
@@ -210,3 +250,69 @@ def request(sock: zmq.Socket, *frames: bytes) -> Reply:
     """Send one request message, return the parsed reply (a DEALER or a REQ socket)."""
     sock.send_multipart(list(frames))
     return parse(body_of(recv_frames(sock, f"the reply to {frames!r}"[:200])))
+
+
+# -- the fast port (plain TCP) --------------------------------------------------------------
+
+#: The fast port's framing: each body after its length, a u32, big-endian.
+LENGTH = struct.Struct("!I")
+
+
+def framed(body: bytes) -> bytes:
+    """A body as the fast port carries it."""
+    return LENGTH.pack(len(body)) + body
+
+
+class FastConn:
+    """One plain TCP connection to a fast port: bodies out, replies in (by their length prefix)."""
+
+    def __init__(self, host: str, port: int, timeout_s: float = 3.0) -> None:
+        self.sock = _socket.create_connection((host, port), timeout=timeout_s)
+        self.buf = b""
+        #: Why the last :meth:`replies` stopped: ``"eof"`` (the server closed), ``"timeout"``.
+        self.ended: str | None = None
+
+    def send(self, *bodies: bytes) -> None:
+        self.sock.sendall(b"".join(framed(b) for b in bodies))
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _frames(self) -> list[Reply]:
+        out = []
+        while len(self.buf) >= LENGTH.size:
+            (n,) = LENGTH.unpack_from(self.buf)
+            if len(self.buf) < LENGTH.size + n:
+                break
+            out.append(parse(self.buf[LENGTH.size : LENGTH.size + n]))
+            self.buf = self.buf[LENGTH.size + n :]
+        return out
+
+    def replies(self, n: int | None = None, timeout_s: float = 3.0) -> list[Reply]:
+        """Replies until ``n`` have come, the server closes the connection, or ``timeout_s`` passes."""
+        self.sock.settimeout(timeout_s)
+        out = self._frames()
+        while n is None or len(out) < n:
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                self.ended = "timeout"
+                return out
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                self.ended = "eof"
+                return out
+            self.buf += data
+            out += self._frames()
+        self.ended = None
+        return out
+
+    def request(self, body: bytes) -> Reply:
+        self.send(body)
+        got = self.replies(1)
+        assert got, f"no reply on the fast port ({self.ended}) to {body!r}"
+        return got[0]
+
+    def close(self) -> None:
+        self.sock.close()
