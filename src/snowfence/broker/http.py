@@ -865,7 +865,9 @@ class HttpDoor:
         self.listener.close()
 
 
-_TOO_MANY = response(503, error_body(Unavailable("too many HTTP connections; ask again")), close=True)
+_TOO_MANY = response(
+    503, error_body(Unavailable("too many HTTP connections; ask again")), close=True, extra="Retry-After: 1\r\n"
+)
 
 
 def _unreadable(req: _Request) -> bytes:

@@ -500,7 +500,7 @@ def test_connections_beyond_the_cap_get_a_503_and_are_closed(served, monkeypatch
     monkeypatch.setattr(httpmod, "MAX_CONNECTIONS", 2)
     a, _b, c = connect(), connect(), connect()
     (r,) = responses(c, 1, loop)
-    assert r.status == 503 and r.json()["code"] == "unavailable"
+    assert r.status == 503 and r.json()["code"] == "unavailable" and r.headers["retry-after"] == "1"
     assert closed_by_peer(c, loop)
     assert door.stats["too_many"] == 1 and len(door.by_fd) == 2
     a.sendall(get("/v1/ids"))
