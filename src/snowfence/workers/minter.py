@@ -32,6 +32,11 @@ NEVER_NS = 1 << 62
 #: No causal token: any millisecond will do.
 NO_FLOOR = -(1 << 62)
 
+#: How far an idle minter's floor trails the wall clock (:meth:`Minter.raise_floor`): an idle
+#: worker ID still takes a step back of the clock this large in its stride, as one that minted
+#: a second ago does, at the price of as much more lag in the watermark.
+FLOOR_TRAIL_MS = 1000
+
 #: How long the minter may wait in one call for the clock to reach a millisecond
 #: before it gives up with ``clock_unsafe`` (a clock that does not advance).
 MAX_WAIT_NS = 1_000_000_000
@@ -139,13 +144,15 @@ class Minter:
             self.seq = self._max_seq
 
     def raise_floor(self) -> None:
-        """Promise never to mint below the wall clock's millisecond (nor, on a clock that
-        ran past the reservation, above it): ``last_ms`` moves up to it as if it had been
-        used up. Every later mint carries ``last_ms`` or more, so the lease keeper publishes
+        """Promise never to mint below the wall clock's millisecond less ``FLOOR_TRAIL_MS``
+        (nor past the reservation): ``last_ms`` moves up to it as if it had been used up.
+        Every later mint carries ``last_ms`` or more, so the lease keeper publishes
         ``last_ms`` as the holder's floor, and an idle worker ID's floor keeps up with time
-        (the watermark waits for the lowest floor). On the minting thread only, like
-        :meth:`reserve`; it mints nothing and costs the hot path nothing."""
-        target = min(self._wall_ns() // 1_000_000 - self._epoch_ms, self.reserved_until_ms + 1) - 1
+        (the watermark waits for the lowest floor). It trails the clock so that an idle
+        worker ID absorbs a step back of the clock of up to that much, as before. On the
+        minting thread only, like :meth:`reserve`; it mints nothing and costs the hot path
+        nothing."""
+        target = min(self._wall_ns() // 1_000_000 - self._epoch_ms - FLOOR_TRAIL_MS, self.reserved_until_ms + 1) - 1
         if target > self.last_ms:
             self.last_ms = target
             self.seq = self._max_seq

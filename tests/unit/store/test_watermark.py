@@ -16,6 +16,7 @@ from snowfence.store import watermark
 from snowfence.store.files import FileStore
 from snowfence.store.genesis import Genesis
 from snowfence.store.watermark import Floor
+from snowfence.workers.minter import FLOOR_TRAIL_MS
 
 HOLDER = "node-a:41:slot0"
 
@@ -90,13 +91,16 @@ def test_raise_floor_moves_an_idle_minter_up_to_the_clock_and_it_never_mints_bel
     minter = clock.minter()
     minter.fence_deadline_ns, minter.reserved_until_ms = 1 << 62, 10**12
     first, _ = minter.reserve(1)
-    clock.advance_ms(500)
+    clock.advance_ms(5_000)
     minter.raise_floor()
-    now = clock.wall_ms - DEFAULT_LAYOUT.epoch_ms
-    assert minter.last_ms == now - 1
-    clock.step_ms(-5)  # a small step back: it waits for the floor rather than mint below it
+    floor = clock.wall_ms - DEFAULT_LAYOUT.epoch_ms - FLOOR_TRAIL_MS
+    assert minter.last_ms == floor - 1  # every later mint carries the floor or more
+    clock.step_ms(-FLOOR_TRAIL_MS)  # a step back of the trail: taken in its stride, as before
     first, _ = minter.reserve(1)
-    assert DEFAULT_LAYOUT.ms_of(first) >= now
+    assert DEFAULT_LAYOUT.ms_of(first) == floor
+    clock.step_ms(-5)  # a small step back below the floor: it waits rather than mint below it
+    second, _ = minter.reserve(1)
+    assert DEFAULT_LAYOUT.ms_of(second) >= floor
 
 
 def test_raise_floor_stops_at_the_reservation():
@@ -116,11 +120,11 @@ def test_the_keeper_publishes_the_minters_last_millisecond_with_the_extension(tm
     minter.start_after(lease.claimed_mark_ms)
     keeper = clock.keeper(lease, minter)
     keeper.renew_once()  # extends the reservation ahead of the clock
-    clock.advance_ms(2_000)  # past the new store's wait
+    clock.advance_ms(5_000)  # past the new store's wait, and the trail
     minter.raise_floor()  # on the minting thread, at its next tick
     keeper.renew_once()
     published = orjson.loads((tmp_path / "regions" / "0" / "worker-0.floor").read_bytes())
-    assert published["floor_ms"] == minter.last_ms == clock.wall_ms - DEFAULT_LAYOUT.epoch_ms - 1
+    assert published["floor_ms"] == minter.last_ms == clock.wall_ms - DEFAULT_LAYOUT.epoch_ms - FLOOR_TRAIL_MS - 1
 
 
 # -- a round of the file store --------------------------------------------------------------------
