@@ -11,6 +11,7 @@ import json
 import shutil
 import socket
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from checks import check_blocks
 from nodes import wait_for
 from test_edges import run_snowfence
 
-from snowfence import Client
+from snowfence import Client, from_base32
 
 TCP = "tcp://127.0.0.1:0"
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "http.py"
@@ -91,6 +92,16 @@ def test_curl_gets_ids_from_a_default_node(nodes):
     assert nodes_json["http_port"] == port
     code = curl("-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/v1/nope")
     assert code.stdout == "404"
+    # The ID forms: UUIDv7 and base32 of IDs minted now, which decode back to unique IDs of this node.
+    with Client(node.endpoint, discover=False) as client:
+        layout = client.layout()
+    uuids = json.loads(curl(f"http://127.0.0.1:{port}/v1/ids?count=50&format=uuid").stdout)["ids"]
+    texts = json.loads(curl(f"http://127.0.0.1:{port}/v1/ids?count=50&format=base32").stdout)["ids"]
+    back = [layout.from_uuid(u) for u in uuids] + [from_base32(t) for t in texts]
+    assert len(set(back)) == 100 and all(uuid.UUID(u).version == 7 for u in uuids) and all(len(t) == 13 for t in texts)
+    assert not set(back) & set(ids)
+    mixed = curl("-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/v1/ids?format=uuid&blocks=1")
+    assert mixed.stdout == "400"
 
 
 def test_keep_alive_many_requests_on_one_connection(nodes):

@@ -55,6 +55,7 @@ import orjson
 from .. import protocol
 from ..config import Config
 from ..errors import BadRequest, ConfigError, FrameTooLarge, SnowfenceError, Unavailable
+from ..ids import to_base32
 
 #: Bytes read from one connection per wake-up.
 READ_BYTES = 16 * 1024
@@ -211,7 +212,8 @@ class _Request:
         self.ka10 = ka10
         #: IDs asked for and not yet granted or asked of the core.
         self.want = 0
-        self.blocks = False
+        #: How the IDs are answered: False (decimal strings), True (blocks), "uuid" or "base32".
+        self.blocks: bool | str = False
         #: Blocks granted: (first, count).
         self.got: list[tuple[int, int]] = []
         #: request_id -> IDs asked, of the bodies sent and not yet answered.
@@ -566,9 +568,9 @@ class HttpDoor:
                 if key in params:
                     raise BadRequest(f"{key} is given in both the query and the body")
                 params[key] = value
-        unknown = set(params) - {"count", "blocks"}
+        unknown = set(params) - {"count", "blocks", "format"}
         if unknown:
-            raise BadRequest(f"unknown parameter {sorted(unknown)[0]!r} (count, blocks)")
+            raise BadRequest(f"unknown parameter {sorted(unknown)[0]!r} (count, blocks, format)")
         count = params.get("count", 1)
         if isinstance(count, str):
             count = int(count) if count.isascii() and count.isdigit() else None
@@ -579,6 +581,13 @@ class HttpDoor:
             blocks = {"1": True, "true": True, "0": False, "false": False}.get(blocks.lower(), None)
         if not isinstance(blocks, bool):
             raise BadRequest(f"blocks must be 1, true, 0 or false, got {params.get('blocks')!r}")
+        form = params.get("format", "decimal")
+        if form not in ("decimal", "uuid", "base32"):
+            raise BadRequest(f"format must be decimal, uuid or base32, got {form!r}")
+        if form != "decimal":
+            if blocks:
+                raise BadRequest("blocks come as first and count: format is for IDs one by one")
+            return count, form  # each ID in that form (ids.py: Layout.to_uuid, to_base32)
         return count, blocks
 
     def _bounds(self, req: _Request, method: bytes, query: bytes) -> None:
@@ -724,7 +733,16 @@ class HttpDoor:
         if kind == _IDS:
             if len(req.got) > 1:
                 req.got.sort()
-            body = blocks_json(req.got) if req.blocks else ids_json(req.got)
+            form = req.blocks
+            if form is True:
+                body = blocks_json(req.got)
+            elif form == "uuid":
+                to_uuid = self.layout.to_uuid
+                body = orjson.dumps({"ids": [str(to_uuid(i)) for f, n in req.got for i in range(f, f + n)]})
+            elif form == "base32":
+                body = orjson.dumps({"ids": [to_base32(i) for f, n in req.got for i in range(f, f + n)]})
+            else:
+                body = ids_json(req.got)
         elif kind == _WATERMARK:
             if answer[1] != protocol.WATERMARK_REPLY or len(answer) != 28:
                 return _unreadable(req)
