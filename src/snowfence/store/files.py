@@ -1000,11 +1000,33 @@ class FileStore(Store):
         tmp.write_bytes(orjson.dumps({"floor_ms": floor_ms, "token": token, "released": released}))
         os.replace(tmp, path)
 
+    @staticmethod
+    def _bound_names() -> set[str] | None:
+        """Every snowfence witness name bound in this network namespace, read at once from
+        the kernel's table of unix sockets; None where it cannot be read (then each name is
+        tried by binding it). Reading the table costs a round one file, not two binds per
+        worker ID (a round runs on the broker's process, beside its loop)."""
+        try:
+            text = Path("/proc/net/unix").read_text(errors="replace")
+        except OSError:
+            return None
+        names = set()
+        for line in text.splitlines()[1:]:
+            parts = line.split(None, 7)
+            if len(parts) == 8 and parts[7].startswith("@snowfence:"):
+                names.add("\0" + parts[7][1:])
+        return names
+
     def _region_floors(self, region: int, region_dir: Path) -> list[watermark.Floor]:
         """Every worker ID of a region as the watermark reads it (under the region's lock):
         held if the kernel's witness is taken; its reservation from its mark, its floor from
         its floor file (nothing known of either: none)."""
         floors = []
+        bound = self._bound_names()
+        try:
+            present = {entry.name for entry in os.scandir(region_dir)}
+        except OSError:
+            present = None  # read each file, as it comes
         if self.layout.max_worker < WITNESS_PROBE_LIMIT:
             worker_ids = range(self.layout.max_worker + 1)  # every one: a holder's files may be gone
         else:  # too many to probe each second: those with files (a holder wiped out fences within a renewal)
@@ -1012,12 +1034,17 @@ class FileStore(Store):
                 {int(p.stem.split("-")[1]) for p in region_dir.glob("worker-*.*") if p.stem[7:].isdigit()}
             )
         for worker_id in worker_ids:
-            witnesses = self._bind_witnesses(worker_id, region)
-            held = witnesses is None
-            for witness in witnesses or ():
-                witness.close()
+            if bound is not None:
+                held = not bound.isdisjoint(self.witness_names(worker_id, region))
+            else:
+                witnesses = self._bind_witnesses(worker_id, region)
+                held = witnesses is None
+                for witness in witnesses or ():
+                    witness.close()
             mark_path = region_dir / f"worker-{worker_id}.mark"
             floor_path = self._floor_path(worker_id, region_dir)
+            if present is not None and not held and mark_path.name not in present and floor_path.name not in present:
+                continue  # never used here, or its state removed with no live holder
             try:
                 reserved = orjson.loads(mark_path.read_bytes())["reserved_until_ms"]
                 if type(reserved) is not int:
