@@ -217,6 +217,8 @@ class Node:
                 signal.signal(sig, sup.enqueue)
             if not self.config.embedded:
                 self.membership = Membership(self.config, name, self.own_entry())
+                # The node's name is taken before it says it serves: one held by a live node is refused.
+                self.membership.register()
             if self.config.peers or self.membership is not None:
                 self.peers = PeerClocks(
                     ctx,

@@ -26,7 +26,8 @@ import orjson
 
 from .. import __version__
 from ..config import Config
-from ..errors import SnowfenceError
+from ..errors import ConfigError, SnowfenceError
+from ..ids import format_unix_ms
 from ..logs import event
 
 log = logging.getLogger("snowfence.broker")
@@ -104,6 +105,21 @@ def bounds_differ(members: list[dict]) -> list[str]:
     return out
 
 
+class NodeNameTaken(ConfigError):
+    """Another live node of the cluster has this node's name."""
+
+
+def holder_text(entry: dict | None) -> str:
+    """The holder of a node name, in words: its endpoints, host process and start."""
+    if not entry:
+        return "an entry that cannot be read"
+    eps = entry.get("endpoints") or []
+    where = ", ".join(str(e) for e in eps) if isinstance(eps, list) and eps else "no endpoint advertised"
+    started = entry.get("started_unix_ms")
+    since = f", started {format_unix_ms(started)}" if isinstance(started, int) else ""
+    return f"on {where}{since}"
+
+
 class Membership(threading.Thread):
     """Keeps this node's entry in etcd and reads the cluster's, in the background."""
 
@@ -122,11 +138,71 @@ class Membership(threading.Thread):
         #: When ``nodes`` was read (monotonic ns); None before the first read.
         self.read_ns: int | None = None
         self.lease_id: int | None = None
+        #: The revision this node's entry was created at while the name is this node's; None otherwise.
+        self.created: int | None = None
+        #: The entry of the node that holds this node's name, while another does.
+        self.taken_by: dict | None = None
         self.error: str | None = None
         self._stopping = threading.Event()
 
     def publish(self, entry: dict) -> None:
         self.entry = entry
+
+    def register(self, sleep=time.sleep, now=time.monotonic) -> None:
+        """Take this node's name in the cluster before it says it serves.
+
+        A name is one node's: the entry is written only where none has the name. If
+        another entry has it, its holder is live when it rewrites the entry (every
+        ``keepalive_interval_s``): this node refuses at once (:class:`NodeNameTaken`,
+        naming the holder). An entry nobody rewrites is a dead node's, this one's own
+        before a restart, say: it lapses with its lease (at most ``lease_ttl_s``), and
+        this node waits for that, then takes the name. etcd not answering is left to
+        the thread (the node starts; its entry is written once etcd answers).
+        """
+        cluster = self.cluster
+        try:
+            self.lease_id = cluster.grant_lease(self.config.lease_ttl_s)
+            cluster.record_region(self.config.region, self.name)
+            seen = cluster.claim_node(self.name, self.entry, self.lease_id)
+            if seen.ours:
+                self.created = seen.create_revision
+                return
+            remaining = cluster.lease_remaining_s(seen.lease_id)
+            # etcd drops an expired lease's keys a little after its TTL: a second more than the longer of the two.
+            deadline = now() + max(remaining or 0, self.config.lease_ttl_s) + 1.0
+            if seen.create_revision:
+                event(
+                    log,
+                    "node_name_waiting",
+                    f"node name {self.name!r} is in use ({holder_text(seen.entry)}); waiting up to "
+                    f"{deadline - now():.0f} s for its entry to lapse, as a stopped node's does",
+                    node=self.name,
+                )
+            while True:
+                last = seen
+                sleep(min(0.2, self.interval_s / 4))
+                if not cluster.refresh_lease(self.lease_id):  # this node's own, kept while it waits
+                    self.lease_id = cluster.grant_lease(self.config.lease_ttl_s)
+                seen = cluster.claim_node(self.name, self.entry, self.lease_id)
+                if seen.ours:
+                    self.created = seen.create_revision
+                    return
+                rewritten = seen.create_revision == last.create_revision and seen.mod_revision != last.mod_revision
+                if rewritten or now() >= deadline:
+                    raise NodeNameTaken(
+                        f"node name {self.name!r} is held by a live node of cluster {self.config.cluster!r} "
+                        f"({holder_text(seen.entry)}): give this node another --node-name, or stop that one"
+                    )
+        except SnowfenceError as exc:
+            if isinstance(exc, NodeNameTaken):
+                try:
+                    cluster.revoke_lease(self.lease_id)
+                except SnowfenceError:
+                    pass
+                self.lease_id = None
+                raise
+            event(log, "membership_failed", f"cannot reach etcd for membership: {exc}", level=logging.WARNING)
+            self.error = str(exc)
 
     def step(self) -> None:
         """Renew (or take) the lease, write the entry, read everyone's."""
@@ -135,8 +211,27 @@ class Membership(threading.Thread):
             if self.lease_id is not None:
                 event(log, "membership_lapsed", "the node's membership lease lapsed; registering again")
             self.lease_id = cluster.grant_lease(self.config.lease_ttl_s)
+            self.created = None
             cluster.record_region(self.config.region, self.name)
-        cluster.put_node(self.name, self.entry, self.lease_id)
+        if self.created is not None and not cluster.put_node(self.name, self.entry, self.lease_id, self.created):
+            self.created = None  # the entry went (by hand, or with a lease that lapsed)
+        if self.created is None:
+            seen = cluster.claim_node(self.name, self.entry, self.lease_id)
+            if seen.ours:
+                self.created = seen.create_revision
+                self.taken_by = None
+            else:
+                # Never write over another live node's entry: that would hide it from clients.
+                if self.taken_by is None:
+                    event(
+                        log,
+                        "node_name_taken",
+                        f"node name {self.name!r} is now held by another node ({holder_text(seen.entry)}): this "
+                        "node is left out of the cluster's membership until it is free; give one of them another "
+                        "--node-name",
+                        level=logging.ERROR,
+                    )
+                self.taken_by = seen.entry or {}
         self.nodes = cluster.nodes()
         self.read_ns = time.monotonic_ns()
 
@@ -164,7 +259,10 @@ class Membership(threading.Thread):
             self.join(self.config.etcd_timeout_s * 3)
         if self.lease_id is not None:
             try:
-                self.cluster.remove_node(self.name, self.lease_id)
+                if self.created is not None:  # under this node's live lease the entry is its own
+                    self.cluster.remove_node(self.name, self.lease_id)
+                else:  # the name is another node's (or was never written): its entry stays
+                    self.cluster.revoke_lease(self.lease_id)
             except SnowfenceError:
                 pass  # the entry lapses with the lease
         self.cluster.close()

@@ -10,6 +10,7 @@ lease store's, :mod:`.store`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import quote
 
 import orjson
@@ -21,6 +22,18 @@ from .keys import range_end as _range_end
 from .regions import KEY as CLAIMS_KEY
 from .regions import RegionClaims
 from .regions import parse as parse_claims
+
+
+@dataclass(frozen=True)
+class NodeName:
+    """Who has a node name: this node (``ours``), another (``entry``, its entry), or nobody
+    (``create_revision`` 0). ``mod_revision`` moves each time a live holder rewrites its entry."""
+
+    ours: bool
+    create_revision: int
+    mod_revision: int
+    lease_id: int
+    entry: dict | None
 
 
 class Cluster(Connection):
@@ -43,8 +56,57 @@ class Cluster(Connection):
 
     refresh_lease = etcd_call(refresh_lease)
 
-    def put_node(self, name: str, entry: dict, lease_id: int) -> None:
-        self.client.put(self.node_key(name), orjson.dumps(entry), lease=lease_id)
+    def claim_node(self, name: str, entry: dict, lease_id: int) -> NodeName:
+        """Write this node's entry under ``name`` only if no entry has the name (a live
+        node's is kept under its lease); either way, who has the name now."""
+        key = self.node_key(name)
+        tx = self.client.transactions
+        ok, responses = self.client.transaction(
+            compare=[tx.create(key) == 0],
+            success=[tx.put(key, orjson.dumps(entry), lease=lease_id), tx.get(key)],
+            failure=[tx.get(key)],
+        )
+        found = responses[-1]
+        if not found:  # gone again between the write and the read (deleted by hand): nobody's
+            return NodeName(ours=False, create_revision=0, mod_revision=0, lease_id=0, entry=None)
+        value, meta = found[0]
+        try:
+            held = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            held = None
+        return NodeName(
+            ours=bool(ok),
+            create_revision=meta.create_revision,
+            mod_revision=meta.mod_revision,
+            lease_id=meta.lease_id,
+            entry=held if isinstance(held, dict) else None,
+        )
+
+    claim_node = etcd_call(claim_node)
+
+    def lease_remaining_s(self, lease_id: int) -> int | None:
+        """Seconds a lease has left; None if it is gone (or the key has no lease)."""
+        if not lease_id:
+            return None
+        info = self.client.get_lease_info(lease_id)
+        return info.TTL if info is not None and info.TTL >= 0 else None
+
+    lease_remaining_s = etcd_call(lease_remaining_s)
+
+    def put_node(self, name: str, entry: dict, lease_id: int, create_revision: int | None = None) -> bool:
+        """Write a node's entry. With ``create_revision``, only while the name is still the
+        entry's written then (this node's): False if it is not, and nothing is written."""
+        key = self.node_key(name)
+        if create_revision is None:
+            self.client.put(key, orjson.dumps(entry), lease=lease_id)
+            return True
+        tx = self.client.transactions
+        ok, _ = self.client.transaction(
+            compare=[tx.create(key) == create_revision],
+            success=[tx.put(key, orjson.dumps(entry), lease=lease_id)],
+            failure=[],
+        )
+        return bool(ok)
 
     put_node = etcd_call(put_node)
 
@@ -53,6 +115,11 @@ class Cluster(Connection):
         self.client.revoke_lease(lease_id)
 
     remove_node = etcd_call(remove_node)
+
+    def revoke_lease(self, lease_id: int) -> None:
+        self.client.revoke_lease(lease_id)
+
+    revoke_lease = etcd_call(revoke_lease)
 
     def nodes(self) -> list[dict]:
         """The live nodes' entries (each under its node's lease), by name; unreadable ones left out."""
