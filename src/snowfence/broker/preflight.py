@@ -11,6 +11,11 @@ clock that may have stepped since.
 - The state directory must be usable: a node that announced "serving" and then
   halted because its workers cannot write there looks, to a service manager,
   like one that crashed.
+- So must the journal directory (``journal_dir``), which the workers write
+  before their first claim.
+- ``bind`` is one endpoint.
+- The layout must be the one the store recorded, if it recorded one (read
+  without writing; etcd not answering is left to the workers).
 - The CURVE key and allow-list must be readable (the broker reads them again
   when it sets CURVE up), and etcd mode needs the etcd extra installed.
 
@@ -22,9 +27,12 @@ from __future__ import annotations
 import os
 import time
 
+import orjson
+
 from ..config import Config
-from ..errors import ConfigError, StateDirError
+from ..errors import ConfigError, EtcdUnavailable, LayoutMismatch, StateDirError
 from ..ids import format_unix_ms
+from ..store.genesis import Genesis
 from . import auth
 from .membership import WILDCARD_HOSTS
 
@@ -36,7 +44,9 @@ def check(config: Config, *, create: bool = True) -> None:
     writing to it (``serve``); without it nothing on disk is touched (``check-config``).
     """
     check_epoch(config)
+    check_bind(config)
     check_state_dir(config.state_dir, create=create)
+    check_state_dir(config.journal_path, create=create, what="journal directory")
     if config.curve_secret_key:
         auth.load_server_key(config.curve_secret_key)
     if config.curve_allow:
@@ -45,6 +55,72 @@ def check(config: Config, *, create: bool = True) -> None:
         from ..etcd.client import require_client
 
         require_client()  # here, not in every worker after the node started
+    check_layout(config)
+
+
+def check_bind(config: Config) -> None:
+    """``bind`` is one endpoint: a node binds one (libzmq would take a list for a device name)."""
+    parts = [p for p in config.bind.replace(" ", ",").split(",") if p]
+    if len(parts) > 1:
+        raise ConfigError(
+            f"bind {config.bind!r} names {len(parts)} endpoints; a node binds one: run a node for each, "
+            "and give clients every node's endpoint (or let them discover the cluster's nodes)"
+        )
+
+
+def recorded_layout(config: Config) -> Genesis | None:
+    """The genesis record the store holds, read without writing anything; None if there is none yet."""
+    if config.embedded:
+        path = os.path.join(config.state_dir, "layout.json")
+        try:
+            with open(path, "rb") as f:
+                doc = orjson.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise StateDirError(f"{path} is unreadable: {exc}") from None
+        return Genesis.from_dict(doc)
+    from ..etcd.client import Connection, etcd_call
+
+    connection = Connection(config)
+    try:
+        value = etcd_call(_layout_record)(connection)  # a client library error becomes EtcdUnavailable
+    except (EtcdUnavailable, ConfigError):
+        # etcd not answering, or no client to be had here (TLS files of the pod, say): the
+        # workers check the layout when they reach etcd, and say why they cannot.
+        return None
+    finally:
+        connection.close()
+    try:
+        return None if value is None else Genesis.from_dict(orjson.loads(value))
+    except (orjson.JSONDecodeError, ConfigError) as exc:
+        raise LayoutMismatch(f"the layout recorded for cluster {config.cluster!r} is unreadable: {exc}") from None
+
+
+def _layout_record(connection) -> bytes | None:
+    """The etcd cluster's layout record (its genesis) as stored; None if there is none yet."""
+    value, _ = connection.client.get(connection.prefix + "layout")
+    return value
+
+
+def check_layout(config: Config) -> None:
+    """Refuse a layout other than the one the store recorded, with the store's own words
+    (``check_layout`` refuses before it writes anything). A store with no record yet takes
+    this node's at its first claim; etcd not answering is left to the workers, which wait for it."""
+    recorded = recorded_layout(config)
+    if recorded is None or recorded.layout == config.layout:
+        return
+    from ..store import open_store
+
+    store = open_store(config, journal=False)
+    try:
+        store.check_layout(config.layout)
+    finally:
+        store.close()
+    raise LayoutMismatch(  # not reached: the store refuses a layout that differs
+        f"the store recorded layout [{recorded.layout.describe()}] but this node is configured for "
+        f"[{config.layout.describe()}]"
+    )
 
 
 def check_epoch(config: Config, now_ms: int | None = None) -> None:
@@ -58,7 +134,7 @@ def check_epoch(config: Config, now_ms: int | None = None) -> None:
         )
 
 
-def check_state_dir(path: str, *, create: bool = True) -> None:
+def check_state_dir(path: str, *, create: bool = True, what: str = "state directory") -> None:
     if create:
         probe = os.path.join(path, f".writable.{os.getpid()}")
         try:
@@ -66,17 +142,17 @@ def check_state_dir(path: str, *, create: bool = True) -> None:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             os.unlink(probe)
         except OSError as exc:
-            raise StateDirError(f"state directory {path} is not usable: {exc.strerror or exc}") from None
+            raise StateDirError(f"{what} {path} is not usable: {exc.strerror or exc}") from None
         return
     # Without touching anything: the directory, or the nearest parent it would be made in.
     existing = os.path.abspath(path)
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise StateDirError(f"state directory {path} is not usable: {existing} is not a directory")
+        raise StateDirError(f"{what} {path} is not usable: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        what = "it" if existing == os.path.abspath(path) else f"{existing}, where it would be made,"
-        raise StateDirError(f"state directory {path} is not usable: {what} is not writable")
+        where = "it" if existing == os.path.abspath(path) else f"{existing}, where it would be made,"
+        raise StateDirError(f"{what} {path} is not usable: {where} is not writable")
 
 
 def warnings(config: Config) -> list[tuple[str, str]]:

@@ -1,0 +1,87 @@
+"""What serve refuses, check-config refuses too, and serve refuses it before it says it
+serves: a layout other than the one the store recorded (a state directory's, an etcd
+cluster's), a journal directory it cannot write, two endpoints in --bind. Real processes:
+check-config and serve as an operator runs them, systemd's end of sd_notify a socket."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from nodes import etcd_args
+from test_lifecycle import NotifySocket
+
+from snowfence.config import Config
+from snowfence.store import open_store
+
+OTHER_LAYOUT = ("--time-bits", "42", "--sequence-bits", "11")
+
+
+def snowfence(*args, env=None, timeout=30) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "snowfence", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    """A state directory whose store recorded the default layout."""
+    state = tmp_path / "state"
+    store = open_store(Config(state_dir=str(state)))
+    store.check_layout(store.layout)
+    store.close()
+    return state
+
+
+def refusals(tmp_path, state):
+    (tmp_path / "file").write_text("")
+    return [
+        ((*OTHER_LAYOUT,), 78, "was created for layout"),
+        (("--journal-dir", str(tmp_path / "file" / "journal")), 73, "journal directory"),
+        (("--bind", "tcp://127.0.0.1:5555,tcp://127.0.0.1:5556"), 78, "names 2 endpoints; a node binds one"),
+    ]
+
+
+def test_check_config_refuses_what_serve_refuses(tmp_path, recorded):
+    assert snowfence("check-config", "--state-dir", str(recorded)).returncode == 0
+    for args, status, words in refusals(tmp_path, recorded):
+        p = snowfence("check-config", "--state-dir", str(recorded), *args)
+        assert p.returncode == status and words in p.stderr, (args, p.returncode, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_serve_refuses_them_before_it_says_it_serves_or_is_ready(tmp_path, recorded):
+    notify = NotifySocket(tmp_path / "notify")
+    try:
+        env = {**os.environ, "NOTIFY_SOCKET": notify.path}
+        for args, status, words in refusals(tmp_path, recorded):
+            p = snowfence(
+                "serve",
+                "--state-dir",
+                str(recorded),
+                "--workers",
+                "1",
+                "--bind",
+                f"ipc://{tmp_path}/n.sock",
+                *args,
+                env=env,
+            )
+            assert p.returncode == status and words in p.stderr, (args, p.returncode, p.stderr)
+            assert "serving" not in p.stderr, p.stderr
+        notify.sock.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            notify.sock.recv(4096)  # READY=1 was never sent
+    finally:
+        notify.close()
+
+
+def test_check_config_refuses_a_layout_other_than_the_etcd_cluster_s(nodes, etcd):
+    node = nodes.start("a", workers=1, args=etcd_args(etcd))
+    node.wait_ready()
+    state = str(node.dir / "elsewhere")
+    same = snowfence("check-config", "--state-dir", state, *etcd_args(etcd))
+    assert same.returncode == 0, same.stderr
+    other = snowfence("check-config", "--state-dir", state, *etcd_args(etcd), *OTHER_LAYOUT)
+    assert other.returncode == 78 and "cluster 'test' uses layout" in other.stderr, other.stderr
