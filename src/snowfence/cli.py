@@ -9,8 +9,9 @@ snowfence status [--connect EP[,EP...]] [--json]
 snowfence bench [--connect EP] [--duration S] [--batch N] [--clients C] [--depth D] [--rate R] [--json]
 
 Exit status: 0 done; 1 the service answered with an error, or did not answer;
-73 the state directory is unusable (keygen: the key files exist); 78
-(EX_CONFIG) the command line, the environment or the config file is invalid,
+2 the command line cannot be read (an unknown flag or command, a missing
+argument); 73 the state directory is unusable (keygen: the key files exist);
+78 (EX_CONFIG) a value, a setting, the environment or the config file is invalid,
 including a key file or an endpoint that cannot be used; 130 interrupted.
 Every error is one line on stderr.
 """
@@ -32,7 +33,7 @@ from . import config as config_mod
 from .clients.core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
 from .errors import ConfigError, EtcdUnavailable, SnowfenceError, StateDirError
 from .ids import BASE32_WIDTH, format_unix_ms, from_base32, to_base32
-from .protocol import MAX_BLOCK, endpoint_problem
+from .protocol import MAX_BLOCK, endpoint_problem, with_scheme
 from .workers.exits import Exit
 
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
@@ -54,11 +55,35 @@ class _Plain(SnowfenceError):
     """An error whose message says it all: printed without a code."""
 
 
+#: The exit status of a command line argparse cannot read (an unknown flag or command, a
+#: missing argument), as every Unix tool's. A value it reads but refuses (out of range, not one
+#: of the choices) is invalid input, as a setting's is: 78 (EX_CONFIG).
+EXIT_USAGE = 2
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors and the configuration-error exit status."""
+    """argparse with one-line errors: exit status 2 for a command line it cannot read, 78 for a value it refuses."""
+
+    _bad_value = False
+
+    def _get_value(self, action, arg_string):
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError:
+            self._bad_value = True
+            raise
+
+    def _check_value(self, action, value):
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError:
+            # An unknown command is a command line that cannot be read; an unknown --format is a value.
+            self._bad_value = not isinstance(action, argparse._SubParsersAction)
+            raise
 
     def error(self, message: str):
-        self.exit(Exit.CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        status = Exit.CONFIG if self._bad_value else EXIT_USAGE
+        self.exit(status, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _number(kind, low=None, high=None, *, low_open=False, what="a number"):
@@ -168,7 +193,7 @@ def _connect_arg(parser: argparse.ArgumentParser, retries: bool = True, layout: 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="snowfence", description="64-bit, time-ordered IDs that are never issued twice.")
-    parser.add_argument("--version", action="version", version=f"snowfence {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"snowfence {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser(
@@ -341,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
         "number two of them use flagged.",
     )
     _connect_arg(status)
+    for action in status._actions:
+        if action.dest == "connect":
+            # None unless given: a --connect on the command line asks that node, whatever
+            # SNOWFENCE_ETCD says (cmd_status reads SNOWFENCE_CONNECT and the default then).
+            action.default = None
+            action.help += " Given, it is the node's view, even with SNOWFENCE_ETCD set."
     status.add_argument("--json", action="store_true", help="Print the status as JSON.")
     _add_config_flags(status, (*LAYOUT_FIELDS, *ETCD_FIELDS), repeatable=("etcd", "cluster"))
 
@@ -461,7 +492,8 @@ def _source(name: str, source: tuple[str, str | None], config) -> str:
 
 
 def _endpoints(args: argparse.Namespace) -> list[str]:
-    endpoints = [ep.strip() for ep in args.connect.split(",") if ep.strip()]
+    # host:port alone is tcp://host:port, as other tools take it.
+    endpoints = [with_scheme(ep.strip()) for ep in args.connect.split(",") if ep.strip()]
     if not endpoints:
         raise ConfigError("--connect needs at least one endpoint")
     for endpoint in endpoints:
@@ -793,9 +825,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             args.etcd, args.cluster = urls, name
             configs.append(_load_config(args))
         return _clusters_status(configs, args.json)
+    connect_given = args.connect is not None
+    if connect_given and etcds:
+        raise ConfigError("give --connect (a node's view) or --etcd (the cluster's, read from etcd), not both")
+    if not connect_given:
+        args.connect = os.environ.get("SNOWFENCE_CONNECT", DEFAULT_CONNECT)
     for name in ("etcd", "cluster"):
         if getattr(args, name, None):
             setattr(args, name, getattr(args, name)[0])
+    if connect_given:  # the node asked for, not the etcd the environment names
+        args.etcd = ""
     config = _load_config(args)
     if config.etcd:
         return _cluster_status(config, args.json)
@@ -819,11 +858,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{sum(s.get('kills') or 0 for s in slots)} killed for silence; "
         f"{broker.get('connections', 0)} client connections, {broker.get('waiting', 0)} requests waiting"
     )
+    print(f"fast port {_port(broker.get('fast_port'))}, HTTP port {_port(broker.get('http_port'))}")
     print(
-        f"{'slot':>4} {'pid':>7} {'worker_id':>9} {'state':<13} {'rotation':<8} {'fence_in_s':>10} "
+        f"{'slot':>5} {'pid':>7} {'worker_id':>9} {'state':<13} {'rotation':<8} {'fence_in_s':>16} "
         f"{'lease_s':>7} {'reserved_until':<24} reason"
     )
-    for w in status["workers"]:
+    rows = [*status["workers"], *_own_rows(broker)]
+    for w in rows:
         reserved = w.get("reserved_until_ms")
         reserved_text = (
             format_unix_ms(reserved + status["layout"]["epoch_ms"])
@@ -831,9 +872,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             else "-"
         )
         print(
-            f"{w.get('slot', '-'):>4} {w.get('pid', '-'):>7} {_dash(w.get('worker_id')):>9} {str(w.get('state')):<13} "
-            f"{'yes' if w.get('in_rotation') else 'no':<8} {_dash(w.get('fence_in_s')):>10} "
-            f"{_dash(w.get('lease_remaining_s')):>7} {reserved_text:<24} {w.get('reason') or ''}"
+            f"{w.get('slot', '-'):>5} {w.get('pid', '-'):>7} {_dash(w.get('worker_id')):>9} {str(w.get('state')):<13} "
+            f"{'yes' if w.get('in_rotation') else 'no':<8} {_fence_text(w):>16} "
+            f"{_dash(w.get('lease_remaining_s')):>7} {reserved_text:<24} {_row_reason(w)}"
         )
     passed = {p["worker_id"]: p["reason"] for w in status["workers"] for p in w.get("passed_over") or ()}
     for worker_id, reason in sorted(passed.items()):
@@ -841,6 +882,47 @@ def cmd_status(args: argparse.Namespace) -> int:
     for problem in sorted({w["store_problem"] for w in status["workers"] if w.get("store_problem")}):
         print(f"STORE WENT BACK: {problem}")
     return 0
+
+
+def _port(door) -> str:
+    """A door of STATUS (``broker.fast_port``, ``broker.http_port``): its port, or off."""
+    return str(door["port"]) if isinstance(door, dict) and door.get("port") is not None else "off"
+
+
+def _own_rows(broker: dict) -> list[dict]:
+    """The broker's own worker ID as rows of the status table (slot ``own``, the broker's pid)."""
+    own = broker.get("own_worker_id")
+    if not isinstance(own, dict):
+        return []
+    base = {"slot": "own", "pid": broker.get("pid"), "in_rotation": bool(own.get("ready")), "reason": own.get("reason")}
+    held = [h for h in own.get("held") or () if isinstance(h, dict)]
+    if not held:
+        return [{**base, "worker_id": None, "state": own.get("state")}]
+    return [{**h, **base} for h in held]
+
+
+def _fence_text(row: dict) -> str:
+    """When the worker ID fences itself: in seconds, or how long ago it did."""
+    fence = row.get("fence_in_s")
+    if isinstance(fence, int | float) and (fence < 0 or row.get("state") == "fenced"):
+        return f"fenced {max(-fence, 0):.1f} s ago"
+    return _dash(fence)
+
+
+def _row_reason(row: dict) -> str:
+    """The reason of one row, about its own worker ID: a worker's reason names all it holds
+    ("holding worker ID 11, 12, 13"), or one of them, or none (then it is about the process)."""
+    reason = row.get("reason") or ""
+    worker_id = row.get("worker_id")
+    if worker_id is None or not reason:
+        return reason
+    if reason.startswith("holding worker ID "):
+        return f"holding worker ID {worker_id}"
+    lists = re.findall(r"worker IDs? ((?:\d+(?:, )?)+)", reason)
+    named = {int(n) for listed in lists for n in listed.split(", ") if n}
+    if named and worker_id not in named:
+        return f"holding worker ID {worker_id}"
+    return reason
 
 
 def cmd_accept_restore(args: argparse.Namespace) -> int:
@@ -929,9 +1011,17 @@ def _claim_conflicts(name: str, regions: list[int], claims: dict) -> list[str]:
 
 
 def _cluster_status(config, as_json: bool) -> int:
-    entries, members, regions, claims = _read_etcd(
-        config, lambda c: (c.census(), c.nodes(), c.regions(), _region_claims(c))
+    entries, members, regions, claims, known = _read_etcd(
+        config, lambda c: (c.census(), c.nodes(), c.regions(), _region_claims(c), c.known())
     )
+    if not (known or entries or members or regions):
+        others = sorted({c["cluster"] for c in claims.get("regions", {}).values()})
+        raise _Plain(
+            f"cluster {config.cluster!r} is unknown to etcd at {','.join(config.etcd)}: no layout, node, region or "
+            "worker ID of it is recorded there"
+            + (f" (clusters with region claims there: {', '.join(others)})" if others else "")
+            + "; is --cluster (or SNOWFENCE_CLUSTER) right?"
+        )
     conflicts = _claim_conflicts(config.cluster, regions, claims)
     from .broker.membership import bounds_differ
 

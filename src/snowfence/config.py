@@ -135,7 +135,9 @@ class Config:
         metavar="BOOL",
     )
     etcd: tuple[str, ...] = setting(
-        (), "etcd endpoints, comma-separated (http[s]://host:port); empty means embedded mode.", metavar="URLS"
+        (),
+        "etcd endpoints, comma-separated (http[s]://host:port; host:port is http); empty means embedded mode.",
+        metavar="URLS",
     )
     cluster: str = setting("default", "Cluster name: the etcd key prefix /snowfence/<cluster>/.", metavar="NAME")
     etcd_ca: str = setting("", "CA certificate file for etcd TLS.", metavar="FILE")
@@ -402,6 +404,12 @@ class Config:
             raise ConfigError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"log_format must be text or json, got {self.log_format!r}")
+        for f in dataclasses.fields(self):
+            if f.metadata.get("secret") and getattr(self, f.name) == MASK:
+                raise ConfigError(
+                    f"{f.name} is {MASK!r}, the mask check-config prints in place of a secret, not the secret: "
+                    f"give it in {env_name(f.name)} or the config file"
+                )
         if bool(self.etcd_user) != bool(self.etcd_password):
             raise ConfigError("etcd_user and etcd_password go together")
         if (self.etcd_cert or self.etcd_key) and not (self.etcd_cert and self.etcd_key):
@@ -451,12 +459,16 @@ class Config:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            out[f.name] = "***" if f.metadata.get("secret") and value else value
+            out[f.name] = MASK if f.metadata.get("secret") and value else value
         return out
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
+
+#: What a secret's value is shown as; refused as a value, so that shown settings fed back fail
+#: with a message rather than run with it as the password.
+MASK = "***"
 
 #: Settings that take one of a few words; any case is accepted, kept in lower case.
 WORD_SETTINGS = ("log_level", "log_format", "clock_policy", "fast_bind", "http_bind")
@@ -498,7 +510,8 @@ class EtcdEndpoint(NamedTuple):
 
 
 def etcd_endpoint(url: str) -> EtcdEndpoint:
-    """The member an etcd endpoint ``http://host:port`` or ``https://host:port`` names.
+    """The member an etcd endpoint ``http://host:port`` or ``https://host:port`` names;
+    ``host:port`` alone (etcdctl's habit) is ``http://host:port``.
 
     The one check of an etcd URL: the config validates every endpoint with it,
     and the etcd client connects to what it returns. ConfigError says what is
@@ -513,9 +526,9 @@ def etcd_endpoint(url: str) -> EtcdEndpoint:
 
     if not isinstance(url, str) or not url.isprintable() or any(c.isspace() for c in url):
         raise unusable("it has spaces or control characters")
-    scheme, sep, rest = url.partition("://")
+    scheme, sep, rest = url.partition("://") if "://" in url else ("http", "://", url)
     scheme = scheme.lower()
-    if not sep or scheme not in ("http", "https"):
+    if scheme not in ("http", "https"):
         raise unusable("the scheme is http or https")
     rest = rest.removesuffix("/")
     if "@" in rest:
@@ -688,7 +701,12 @@ def resolve(
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}): "
+            "save it as UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:

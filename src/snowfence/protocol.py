@@ -142,6 +142,15 @@ TRANSPORTS = ("tcp", "ipc", "inproc", "ws", "wss")
 IPC_PATH_MAX = 107
 
 
+def with_scheme(endpoint: object, scheme: str = "tcp") -> object:
+    """An endpoint to connect to as given, or ``host:port`` without a transport (as etcdctl
+    and most tools take it) as ``tcp://host:port``; anything else is left for
+    :func:`endpoint_problem` to say what is wrong with it."""
+    if isinstance(endpoint, str) and endpoint and "://" not in endpoint and ":" in endpoint:
+        return f"{scheme}://{endpoint}"
+    return endpoint
+
+
 def endpoint_problem(endpoint: object, *, bind: bool = False) -> str | None:
     """What is wrong with a ZeroMQ endpoint as snowfence uses it, or None.
 

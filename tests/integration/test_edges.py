@@ -95,15 +95,19 @@ def test_serve_with_an_unusable_metrics_port_exits_78_and_leaves_nothing(tmp_pat
 
 
 def test_invalid_settings_exit_78_with_one_line(tmp_path):
+    (tmp_path / "utf16.toml").write_bytes(b"\xff\xfe" + "workers = 1\n".encode("utf-16-le"))
     for args in (
         ("serve", "--bind", "garbage"),
         ("serve", "--workers", "many"),
         ("serve", "--config", str(tmp_path / "missing.toml")),
-        ("serve", "--no-such-flag"),
+        ("serve", "--config", str(tmp_path / "utf16.toml")),
     ):
         p, _ = run_snowfence(*args, "--state-dir", str(tmp_path / "state"), timeout_s=15)
         assert p.returncode == EX_CONFIG, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, (args, p.stderr)
+    # A command line that cannot be read is a usage error, as for any Unix tool.
+    p, _ = run_snowfence("serve", "--no-such-flag", "--state-dir", str(tmp_path / "state"), timeout_s=15)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     p, _ = run_snowfence("serve", env={"SNOWFENCE_REGION": "99", "SNOWFENCE_STATE_DIR": str(tmp_path / "s")})
     assert p.returncode == EX_CONFIG and "region" in p.stderr, p.stderr
 

@@ -19,7 +19,7 @@ from nodes import TWO_HOPS, loadgen, wait_for
 
 import snowfence
 from snowfence import protocol
-from snowfence.errors import BadRequest, ClockUnsafe, ReservationExpired, SnowfenceError, Timeout, Unavailable
+from snowfence.errors import ClockUnsafe, ReservationExpired, SnowfenceError, Timeout, Unavailable
 from snowfence.ids import DEFAULT_LAYOUT
 
 L = DEFAULT_LAYOUT
@@ -380,8 +380,10 @@ def test_absurd_counts_from_the_client_are_refused_before_sending(nodes):
     node.wait_ready()
     with node.client() as c:
         for n in (0, -1):
-            with pytest.raises(BadRequest):
+            with pytest.raises(ValueError):
                 c.reserve(n)
+        with pytest.raises(TypeError):
+            c.reserve(1.5)
         assert sum(len(b) for b in c.reserve(1)) == 1
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from snowfence import cli
 
-EXIT_STATUSES = {0, 1, 73, 78}
+EXIT_STATUSES = {0, 1, 2, 73, 78}
 JUNK = st.text(alphabet=string.ascii_letters + string.punctuation + " \t\u00e9\u2603", max_size=12)
 
 
@@ -179,7 +179,7 @@ def test_any_argv_gets_an_exit_status_and_at_most_one_error_line(command, data, 
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["reserve", "1", "--connect", "127.0.0.1:5555"], "127.0.0.1:5555"),
+        (["reserve", "1", "--connect", "udp://127.0.0.1:5555"], "udp://127.0.0.1:5555"),
         (["reserve", "1", "--after", "-1"], "--after"),
         (["reserve", "1", "--after", "1e20"], "--after"),
         (["reserve", "1", "--after", str(2**64)], "--after"),

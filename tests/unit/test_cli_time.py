@@ -68,14 +68,19 @@ def test_id_at_with_shard_bits_prints_one_range_per_shard(capsys):
         (["id-at", "2026-03-01", "2026-02-01"], "holds no millisecond"),
         (["id-at", "2026-03-01", "2026-03-01"], "holds no millisecond"),
         (["id-at", "2026-03-01", "--time-bits", "39"], "sum to 63"),
-        (["id-at", "2026-03-01", "--connect", "127.0.0.1:5555"], "--connect"),
-        (["id-at"], "TIME"),
+        (["id-at", "2026-03-01", "--connect", "udp://127.0.0.1:5555"], "--connect"),
     ],
 )
 def test_id_at_refuses_bad_input_with_one_line_and_exit_78(argv, needle, capsys):
     status, out, err = run(argv, capsys)
     assert status == 78 and not out
     assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_id_at_without_a_time_is_a_usage_error_exit_2(capsys):
+    status, out, err = run(["id-at"], capsys)
+    assert status == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and "TIME" in err, err
 
 
 def _id(layout, ms, region=1, worker=3, seq=0, shard=None):

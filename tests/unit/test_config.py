@@ -49,7 +49,7 @@ def test_env_list_is_comma_separated():
         ({"fence_after_s": "12"}, "fence_after_s < lease_ttl_s"),
         ({"keepalive_interval_s": "6"}, "keepalive_interval_s < fence_after_s"),
         ({"reservation_window_s": "1"}, "reservation_window_s"),
-        ({"etcd": "localhost:2379"}, "http://host:port"),
+        ({"etcd": "localhost"}, "http://host:port"),
         ({"etcd_user": "u"}, "go together"),
         ({"log_format": "xml"}, "log_format"),
         ({"cluster": "a/b"}, "cluster"),
@@ -210,8 +210,7 @@ def test_an_etcd_endpoint_names_host_port_and_tls(url, member):
         # Both refused these.
         ("https://h", "HOST:PORT"),
         ("grpc://h:2379", "http or https"),
-        ("localhost:2379", "http or https"),
-        ("", "http or https"),
+        ("", "HOST:PORT"),
     ],
 )
 def test_an_unusable_etcd_endpoint_is_refused_by_the_settings_and_the_client_alike(url, words):

@@ -135,7 +135,7 @@ class AsyncClient(ClientBase):
 
     def _socket(self) -> zmq.asyncio.Socket:
         if self._closed:
-            raise SnowfenceError("the client is closed")
+            self._check_open()
         if self._sock is None:
             self._sock = open_dealer(self._ctx, self.curve, self.endpoint)
             self._reader = asyncio.get_running_loop().create_task(self._read(self._sock))
@@ -222,7 +222,10 @@ class AsyncClient(ClientBase):
     # -- public API ---------------------------------------------------------------------
 
     async def reserve(self, n: int, *, after: int | None = None) -> list[Block]:
-        """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``."""
+        """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``. A count that is
+        not an integer is a ``TypeError``, one below 1 a ``ValueError``; a closed client refuses."""
+        if self._closed:
+            self._check_open()
         fast = self._fast
         if fast is not None:
             return await self._reserve_fast(fast, n, after)

@@ -185,7 +185,10 @@ class Client(ClientBase):
     # -- public API ---------------------------------------------------------------------
 
     def reserve(self, n: int, *, after: int | None = None) -> list[Block]:
-        """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``."""
+        """Reserve ``n`` IDs: blocks, in ID order, whose counts sum to ``n``. A count that is
+        not an integer is a ``TypeError``, one below 1 a ``ValueError``; a closed client refuses."""
+        if self._closed:
+            self._check_open()
         if self._fast is not None:
             return self._reserve_fast(n, after)
         return self._reserve(n, after=after)
@@ -296,6 +299,7 @@ class Client(ClientBase):
         return self._ask_json("nodes")
 
     def _ask_json(self, what: str) -> dict:
+        self._check_open()
         with self._lock:
             round_ = StatusRound(self, what, time.monotonic_ns())
             if round_.discovers_first:
@@ -313,6 +317,7 @@ class Client(ClientBase):
             fetcher.close()
         self._prefetchers = []
         with self._lock:
+            self._closed = True
             self._close_connections()
 
     def __enter__(self) -> Client:
@@ -325,6 +330,7 @@ class Client(ClientBase):
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
+            self._check_open()
             self._sock = open_dealer(self._ctx, self.curve, self.endpoint)
             self._rcvtimeo = {}
         return self._sock

@@ -459,8 +459,14 @@ class FileStore(Store):
             return Genesis.from_dict(orjson.loads(path.read_bytes()))
         except FileNotFoundError:
             return None
-        except (OSError, orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError) as exc:
-            raise StateDirError(f"{path} is unreadable: {exc}") from None
+        except OSError as exc:
+            raise StateDirError(f"{path} is unreadable: {exc.strerror or exc}") from None
+        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError) as exc:
+            raise StateDirError(
+                f"{path} is unreadable: {exc}; restore it from a backup, or move it out of the state directory "
+                "and run `snowfence accept-restore --reason TEXT` with this node's settings, which records the "
+                "layout anew and has claims wait out a quarantine"
+            ) from None
 
     def _write_genesis(self, genesis: Genesis) -> None:
         try:

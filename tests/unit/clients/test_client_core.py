@@ -13,7 +13,7 @@ from snowfence import AsyncClient, Client
 from snowfence import protocol as p
 from snowfence.clients import aio
 from snowfence.clients.core import KEEP, Block, ClientBase, Core, FastPath, ReserveJob
-from snowfence.errors import BadRequest, Fenced, Timeout
+from snowfence.errors import Fenced, Timeout
 
 
 def test_block_behaves_like_a_range():
@@ -51,9 +51,11 @@ def test_retries_are_bounded():
     assert isinstance(job.last_error, Timeout)
 
 
-@pytest.mark.parametrize("n", [0, -5, 1.5, "3", True])
-def test_bad_counts_are_refused_before_anything_is_sent(n):
-    with pytest.raises(BadRequest):
+@pytest.mark.parametrize(
+    "n, error", [(0, ValueError), (-5, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError)]
+)
+def test_bad_counts_are_refused_before_anything_is_sent(n, error):
+    with pytest.raises(error):
         ReserveJob(n)
 
 

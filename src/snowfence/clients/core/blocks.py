@@ -67,11 +67,17 @@ class Block:
         return f"Block(first={self.first}, count={self.count})"
 
 
+#: More IDs than any layout holds (its widths sum to 63 bits).
+MAX_COUNT = (1 << 63) - 1
+
+
 def check_count(n: object) -> int:
+    """A count of IDs to reserve: a programming error (``TypeError``, ``ValueError``) when it is
+    not one, raised before anything is sent, as Python's own functions do."""
     if isinstance(n, bool) or not isinstance(n, int):
-        raise BadRequest(f"count must be an integer, not {type(n).__name__}")
-    if n < 1:
-        raise BadRequest(f"count must be at least 1, got {n}")
+        raise TypeError(f"count must be an integer, not {type(n).__name__}")
+    if not 1 <= n <= MAX_COUNT:
+        raise ValueError(f"count must be 1 .. 2**63-1, got {n}")
     return n
 
 

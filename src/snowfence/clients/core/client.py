@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 
 from ... import protocol
-from ...errors import Timeout
+from ...errors import SnowfenceError, Timeout
 from .blocks import Block
 from .directory import DISCOVER_TIMEOUT_S, Directory
 from .fastpath import FastPath
@@ -53,6 +53,7 @@ class ClientBase:
         region: int | None = None,
     ) -> None:
         seeds = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        seeds = [protocol.with_scheme(endpoint) for endpoint in seeds]  # host:port is tcp://host:port
         if not seeds:
             raise ValueError("at least one endpoint is needed")
         if region is not None and (isinstance(region, bool) or not isinstance(region, int) or region < 0):
@@ -98,7 +99,13 @@ class ClientBase:
         #: The transport's connection to the current node's fast port, while one is open
         #: (anything with ``where``, its (host, port), and ``endpoint``).
         self._fast = None
+        #: Set by ``close()``: a closed client refuses every call rather than opening its connections again.
+        self._closed = False
         self._init_transport()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SnowfenceError("the client is closed: open a new one")
 
     def _init_transport(self) -> None:
         """What the transport keeps (its socket, its waiters); called last by the constructor."""
