@@ -97,6 +97,36 @@ CASES = {
         ),
         case("2m", [series("snowfence_workers_in_rotation", "1x5")]),
     ),
+    "SnowfenceEtcdUnreachable": (
+        # Every worker ID of an etcd node renews late: one alert for the node, the cause.
+        case(
+            "2m",
+            [
+                series("snowfence_lease_renewal_age_seconds", "4x5", worker_id="3"),
+                series("snowfence_lease_renewal_age_seconds", "6x5", worker_id="4"),
+                series("snowfence_node_info", "1x5", cluster="c", region="0", mode="etcd"),
+            ],
+            [
+                {
+                    "exp_labels": {"severity": "page", "instance": NODE["instance"]},
+                    "exp_annotations": {
+                        "summary": "etcd is out of reach of n1:9464: no worker ID renewed its lease for 4 s"
+                    },
+                }
+            ],
+        ),
+        # One worker ID late while another renews (SnowfenceLeaseRenewalSlow's), or an embedded node.
+        case(
+            "2m",
+            [
+                series("snowfence_lease_renewal_age_seconds", "4x5", worker_id="3"),
+                series("snowfence_lease_renewal_age_seconds", "0.5x5", worker_id="4"),
+                series("snowfence_node_info", "1x5", cluster="c", region="0", mode="etcd"),
+                series("snowfence_lease_renewal_age_seconds", "9x5", worker_id="1", instance="n2:9464"),
+                series("snowfence_node_info", "1x5", cluster="", region="0", mode="embedded", instance="n2:9464"),
+            ],
+        ),
+    ),
     "SnowfenceFenced": (
         case(
             "2m",
@@ -273,6 +303,57 @@ def test_every_rule_links_its_own_runbook_entry_and_the_anchor_exists():
         assert (ROOT / path).resolve() == OPERATIONS.resolve()
         assert anchor in targets, f"{rule['alert']}: no heading in OPERATIONS.md has the anchor #{anchor}"
         assert f"### {rule['alert']}\n" in docs, f"no runbook entry for {rule['alert']}"
+
+
+INHIBIT = ROOT / "deploy" / "prometheus" / "alertmanager-inhibit.yml"
+#: A matcher as Alertmanager's ``source_matchers`` and ``target_matchers`` take it.
+MATCHER = re.compile(r'^(\w+)(=~|!~|!=|=)"([^"]*)"$')
+
+
+def inhibited(matchers: list, alerts: list[str]) -> set[str]:
+    """The alerts of ``alerts`` a list of matchers on alertname selects (as Alertmanager
+    does: a regular expression matches the whole name)."""
+    selected = set(alerts)
+    for text in matchers:
+        m = MATCHER.match(text)
+        assert m, f"not an Alertmanager matcher: {text!r}"
+        label, op, value = m.groups()
+        assert label == "alertname", f"{text!r}: snowfence's inhibitions select alerts by name"
+        if op in ("=", "!="):
+            hits = {a for a in alerts if a == value}
+        else:
+            hits = {a for a in alerts if re.fullmatch(value, a)}
+        selected &= hits if op in ("=", "=~") else set(alerts) - hits
+        if op == "=~":
+            assert len(hits) == len(value.split("|")), f"{text!r} names an alert alerts.yml does not have"
+        elif op == "=":
+            assert hits, f"{text!r} names an alert alerts.yml does not have"
+    return selected
+
+
+def test_the_inhibition_rules_silence_an_etcd_outages_symptoms_by_alerts_that_exist():
+    rules = [r for group in yaml.safe_load(RULES.read_text())["groups"] for r in group["rules"]]
+    alerts = [r["alert"] for r in rules]
+    severity = {r["alert"]: r["labels"]["severity"] for r in rules}
+    doc = yaml.safe_load(INHIBIT.read_text())
+    assert set(doc) == {"inhibit_rules"} and doc["inhibit_rules"], doc
+    silenced = {}
+    for rule in doc["inhibit_rules"]:
+        assert set(rule) <= {"source_matchers", "target_matchers", "equal"}, rule
+        sources = inhibited(rule["source_matchers"], alerts)
+        targets = inhibited(rule["target_matchers"], alerts)
+        assert sources and targets and not sources & targets, rule
+        # Only on the same node: an outage seen from one node silences nothing of another.
+        assert rule["equal"] == ["instance"], rule
+        for source in sources:
+            silenced.setdefault(source, set()).update(targets)
+    symptoms = {"SnowfenceFenced", "SnowfenceLeaseRenewalSlow", "SnowfenceReservationLow"}
+    assert symptoms <= silenced["SnowfenceEtcdUnreachable"], silenced
+    # The cause outranks what it silences, or a page would hide behind a ticket.
+    assert all(severity[source] == "page" for source in silenced), silenced
+    docs = OPERATIONS.read_text()
+    entry = docs.split("### SnowfenceEtcdUnreachable\n", 1)[1].split("\n### ", 1)[0]
+    assert "alertmanager-inhibit.yml" in entry and all(t in entry for t in silenced["SnowfenceEtcdUnreachable"])
 
 
 def test_alert_rules_pass_promtool(tmp_path):
