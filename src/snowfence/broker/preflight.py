@@ -74,12 +74,11 @@ def recorded_layout(config: Config) -> Genesis | None:
         path = os.path.join(config.state_dir, "layout.json")
         try:
             with open(path, "rb") as f:
-                doc = orjson.loads(f.read())
+                return Genesis.from_dict(orjson.loads(f.read()))
         except FileNotFoundError:
             return None
-        except (OSError, orjson.JSONDecodeError) as exc:
-            raise StateDirError(f"{path} is unreadable: {exc}") from None
-        return Genesis.from_dict(doc)
+        except (OSError, orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError) as exc:
+            raise StateDirError(f"{path} is unreadable: {exc}") from None  # as the file store says it
     from ..etcd.client import Connection, etcd_call
 
     connection = Connection(config)
