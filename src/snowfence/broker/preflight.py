@@ -69,7 +69,8 @@ def check_bind(config: Config) -> None:
 
 
 def recorded_layout(config: Config) -> Genesis | None:
-    """The genesis record the store holds, read without writing anything; None if there is none yet."""
+    """The genesis record the store holds, read without writing anything; None if there is
+    none yet. One that cannot be read is refused by the store itself, in its own words."""
     if config.embedded:
         path = os.path.join(config.state_dir, "layout.json")
         try:
@@ -77,8 +78,9 @@ def recorded_layout(config: Config) -> Genesis | None:
                 return Genesis.from_dict(orjson.loads(f.read()))
         except FileNotFoundError:
             return None
-        except (OSError, orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError) as exc:
-            raise StateDirError(f"{path} is unreadable: {exc}") from None  # as the file store says it
+        except (OSError, orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError):
+            _refuse_as_the_store_does(config)
+            raise
     from ..etcd.client import Connection, etcd_call
 
     connection = Connection(config)
@@ -92,8 +94,9 @@ def recorded_layout(config: Config) -> Genesis | None:
         connection.close()
     try:
         return None if value is None else Genesis.from_dict(orjson.loads(value))
-    except (orjson.JSONDecodeError, ConfigError) as exc:
-        raise LayoutMismatch(f"the layout recorded for cluster {config.cluster!r} is unreadable: {exc}") from None
+    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError):
+        _refuse_as_the_store_does(config)
+        raise
 
 
 def _layout_record(connection) -> bytes | None:
@@ -102,13 +105,9 @@ def _layout_record(connection) -> bytes | None:
     return value
 
 
-def check_layout(config: Config) -> None:
-    """Refuse a layout other than the one the store recorded, with the store's own words
-    (``check_layout`` refuses before it writes anything). A store with no record yet takes
-    this node's at its first claim; etcd not answering is left to the workers, which wait for it."""
-    recorded = recorded_layout(config)
-    if recorded is None or recorded.layout == config.layout:
-        return
+def _refuse_as_the_store_does(config: Config) -> None:
+    """The store's own ``check_layout`` (through ``open_store``), for a record it refuses: it
+    raises before it writes anything (a record that differs, or cannot be read)."""
     from ..store import open_store
 
     store = open_store(config, journal=False)
@@ -116,6 +115,16 @@ def check_layout(config: Config) -> None:
         store.check_layout(config.layout)
     finally:
         store.close()
+
+
+def check_layout(config: Config) -> None:
+    """Refuse a layout other than the one the store recorded, with the store's own words.
+    A store with no record yet takes this node's at its first claim; etcd not answering is
+    left to the workers, which wait for it."""
+    recorded = recorded_layout(config)
+    if recorded is None or recorded.layout == config.layout:
+        return
+    _refuse_as_the_store_does(config)
     raise LayoutMismatch(  # not reached: the store refuses a layout that differs
         f"the store recorded layout [{recorded.layout.describe()}] but this node is configured for "
         f"[{config.layout.describe()}]"
