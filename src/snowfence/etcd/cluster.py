@@ -166,6 +166,12 @@ class Cluster(Connection):
 
     region_claims = etcd_call(region_claims)
 
+    def known(self) -> bool:
+        """Whether the cluster's layout record exists: every cluster a node ever claimed in has one."""
+        return self._get(self.prefix + "layout") is not None
+
+    known = etcd_call(known)
+
     def _get(self, key: str) -> bytes | None:
         tx = self.client.transactions
         _, responses = self.client.transaction(compare=[], success=[tx.get(key)], failure=[])
