@@ -196,6 +196,70 @@ def _emit(name: str, fields: dict) -> None:
     event(log, name, level=logging.WARNING, **fields)
 
 
+#: At most one line of each of these keeper events every this many seconds for all of a
+#: process's worker IDs: an etcd outage is one line a kind, not one per worker ID a renewal.
+KEEPER_LINE_EVERY_S = 30.0
+
+
+class KeeperLines:
+    """The keepers' renewal_failed, renewed and lease_lost events as sentences that say where
+    the lease is kept (etcd's endpoints, or the state directory), each kind logged at most
+    once every :data:`KEEPER_LINE_EVERY_S` for all the worker IDs of one process; the lines
+    held back meanwhile are counted in the next one (``held_back``, with their worker IDs).
+    Other events pass as they are. Keepers call it from their own threads; ``mono_ns`` is
+    the worker core's clock."""
+
+    KINDS = ("renewal_failed", "renewed", "lease_lost")
+
+    def __init__(self, config: Config, mono_ns: Callable[[], int]) -> None:
+        import threading
+
+        self.where = f"etcd at {', '.join(config.etcd)}" if config.etcd else f"the state directory {config.state_dir}"
+        self.fence_after_s = config.fence_after_s
+        self._mono_ns = mono_ns
+        self._lock = threading.Lock()
+        #: kind -> when its last line was logged
+        self._last_ns: dict[str, int] = {}
+        #: kind -> the worker IDs of the lines held back since, and how many
+        self._held: dict[str, tuple[int, set[int]]] = {}
+
+    def __call__(self, name: str, fields: dict) -> None:
+        if name not in self.KINDS:
+            _emit(name, fields)
+            return
+        now_ns = self._mono_ns()
+        with self._lock:
+            last_ns = self._last_ns.get(name)
+            count, ids = self._held.get(name, (0, set()))
+            if last_ns is not None and now_ns - last_ns < KEEPER_LINE_EVERY_S * 1e9:
+                self._held[name] = (count + 1, ids | {fields.get("worker_id")})
+                return
+            self._last_ns[name] = now_ns
+            self._held.pop(name, None)
+        message = self.sentence(name, fields)
+        if count:
+            shown = ", ".join(str(i) for i in sorted(ids, key=str)[:8]) + (", ..." if len(ids) > 8 else "")
+            message += (
+                f" ({count} more like it, for worker ID{'s' if len(ids) > 1 else ''} {shown}, "
+                f"in the {(now_ns - last_ns) / 1e9:.0f} s since the last)"
+            )
+        event(log, name, message, level=logging.WARNING, **fields, held_back=count)
+
+    def sentence(self, name: str, fields: dict) -> str:
+        worker = f"worker ID {fields.get('worker_id')}"
+        if name == "renewal_failed":
+            failures = fields.get("failures", 1)
+            return (
+                f"{worker} could not renew its lease with {self.where} ({failures} failure"
+                f"{'s' if failures != 1 else ''} in a row; it refuses to mint {self.fence_after_s:g} s after its "
+                f"last renewal): {fields.get('reason')}"
+            )
+        if name == "renewed":
+            failures = fields.get("after_failures", 0)
+            return f"{worker} renewed its lease with {self.where} again, after {failures} failed renewals"
+        return f"{worker} lost its lease with {self.where} and mints no more with it: {fields.get('reason')}"
+
+
 class WorkerCore:
     """The decisions of one worker process. See the module's docstring for its entry points."""
 
@@ -284,6 +348,8 @@ class WorkerCore:
         #: How long requests took here, by kind (index: has a causal token); in STATE.
         self.mint_ns = latency.by_kind()
         self._mono = clocks.mono_ns
+        #: What the keepers' events become in the log: sentences, a line a kind at most every 30 s.
+        self.keeper_lines = KeeperLines(config, clocks.mono_ns)
 
     # -- frames from the broker --------------------------------------------------------
 
@@ -633,7 +699,7 @@ class WorkerCore:
             self.clocks,
             on_step_back=self.host_clock.on_step_back,
             waits=self.waits,
-            on_event=_emit,
+            on_event=self.keeper_lines,
             loop_ns=self.loop_ns,
             make_minter=self.make_minter,
             make_keeper=self.make_keeper,
