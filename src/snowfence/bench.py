@@ -226,8 +226,39 @@ def check_unique(pairs: list[tuple[int, int]]) -> tuple[int, int]:
     return total, overlaps
 
 
-def run(spec: BenchSpec, progress=None) -> dict:
-    """Run the benchmark and return the results (see ``--json``)."""
+def minting_ids(status: dict, batch: int) -> int:
+    """The worker IDs of a node (its STATUS) that mint the benchmark's requests: its workers'
+    in rotation, and the broker's own worker ID when it holds one and the batch is small
+    enough for it (``mints_up_to``). One count, whether the node was given or discovered."""
+    ids = sum(1 for w in status.get("workers", ()) if w.get("in_rotation") and w.get("worker_id") is not None)
+    broker = status.get("broker") or {}
+    own = broker.get("own_worker_id")
+    if isinstance(own, dict) and own.get("ready") and 0 < batch <= (broker.get("mints_up_to") or 0):
+        ids += sum(1 for h in own.get("held") or () if isinstance(h, dict) and h.get("state") == "ready")
+    return ids
+
+
+def _node_minting_ids(spec: BenchSpec, node: dict) -> int:
+    """:func:`minting_ids` of one discovered node, asked directly; its entry's count if it does not answer."""
+    from .clients import Client
+
+    try:
+        with Client(
+            node["endpoints"][0],
+            timeout_s=spec.timeout_s,
+            retries=1,
+            server_key=spec.server_key,
+            client_key=spec.client_key,
+            discover=False,
+        ) as client:
+            return minting_ids(client.status(), spec.batch)
+    except SnowfenceError:
+        return len(node.get("worker_ids") or ())
+
+
+def plan(spec: BenchSpec) -> int:
+    """Ask the node(s): the layout (into ``spec``), the endpoints the client processes take
+    in turn (every node in rotation, when discovering), and the worker IDs that mint for them."""
     from .clients import Client
 
     with Client(
@@ -247,11 +278,19 @@ def run(spec: BenchSpec, progress=None) -> dict:
                 pass  # a server that does not answer NODES (another release, a relay): the endpoints given
 
     spec.layout = status["layout"]
-    worker_ids = sum(1 for w in status["workers"] if w.get("in_rotation"))
+    worker_ids = minting_ids(status, spec.batch)
     if len(serving) > 1:
-        # A cluster: the client processes take the nodes in turn, and the ceiling is all of theirs.
+        # A cluster: the client processes take the nodes in turn, and the ceiling is all of
+        # theirs, each node's counted as one node's is (its STATUS, not its entry's worker IDs,
+        # which list the broker's own worker ID too).
         spec.endpoints = [n["endpoints"][0] for n in serving]
-        worker_ids = sum(len(n.get("worker_ids") or ()) for n in serving) or worker_ids
+        worker_ids = sum(_node_minting_ids(spec, n) for n in serving) or worker_ids
+    return worker_ids
+
+
+def run(spec: BenchSpec, progress=None) -> dict:
+    """Run the benchmark and return the results (see ``--json``)."""
+    worker_ids = plan(spec)
     ceiling = worker_ids * (1 << spec.layout["sequence_bits"]) * 1000
 
     mp = multiprocessing.get_context("spawn")
