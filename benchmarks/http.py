@@ -19,7 +19,7 @@
 
     python benchmarks/http.py [--scenario parsers|latency|fair|all] [--runs 3] [--duration 3]
 
-tests/integration/test_http.py runs the fair scenario, shorter.
+tests/integration/test_http_door.py runs the fair scenario, shorter.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The HTTP door (broker/http.py) on real loopback sockets, driven by an epoll loop of the
 test's own, in front of a scripted routing core (and, once, the real one, and the router):
 what each path asks of the core, the JSON it answers, pipelining order, errors and their
-statuses, and the bounds on bad or slow clients. Real nodes: tests/integration/test_http.py."""
+statuses, and the bounds on bad or slow clients. Real nodes: tests/integration/test_http_door.py."""
 
 from __future__ import annotations
 
