@@ -147,7 +147,7 @@ def test_systemd_unit_is_sandboxed_and_stops_restarting_on_config_errors():
     unit_path = DEPLOY / "systemd" / "snowfence.service"
     unit = unit_path.read_text()
     settings = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
-    assert set(settings["RestartPreventExitStatus"].split()) == {"78", "73"}
+    assert set(settings["RestartPreventExitStatus"].split()) == {"78", "73", "2"}
     assert settings["DynamicUser"] == "yes" and settings["StateDirectory"] == "snowfence" and "User" not in settings
     analyze = tool("systemd-analyze", "it comes with Debian's systemd package")
     p = subprocess.run(
