@@ -42,7 +42,7 @@ DESCRIPTION = (
     "Check a dump of IDs (files, or stdin): duplicates; IDs not valid for the layout (negative or above 63 bits, "
     "from the future, before --since, a shard field that disagrees with the worker ID); IDs of one worker ID out "
     "of the order they were minted in; IDs outside --from/--to. Prints a summary; exit status 0 if clean, 1 if "
-    "problems were found, 78 for bad usage or an input that cannot be read as IDs. Formats: text (whitespace-"
+    "problems were found, 2 for an unknown flag, 78 for a bad value or an input that cannot be read as IDs. Formats: text (whitespace-"
     "separated decimal IDs), json (an array of strings or numbers), binary (little-endian int64), blocks "
     "('first count' per line, as `reserve --format blocks` prints). --format auto (the default) reads an input "
     "whose first 64 KiB are printable ASCII as json if it starts with '[', as text otherwise, and anything else "
