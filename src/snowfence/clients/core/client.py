@@ -15,6 +15,7 @@ from .blocks import Block
 from .directory import DISCOVER_TIMEOUT_S, Directory
 from .fastpath import FastPath
 from .inflight import Core, Pending
+from .probe import refused
 from .rounds import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_WINDOW
 
 #: The longest timeout a client takes: ZeroMQ polls in int32 milliseconds.
@@ -85,6 +86,8 @@ class ClientBase:
         self.wait_for_server = wait_for_server
         #: Where an answer to NODES said to go while other requests were in flight.
         self._move_later: str | None = None
+        #: The endpoint last probed for a refusal (see :attr:`endpoint`); None: probe again.
+        self._probed: str | None = None
         if server_key is not None:
             from ...curve import Curve
 
@@ -128,8 +131,23 @@ class ClientBase:
 
     @property
     def endpoint(self) -> str:
-        """Where requests go now."""
+        """Where requests go now. Before a socket is opened to it, a tcp:// endpoint that
+        refuses connections is passed over at once for the next (see :meth:`_skip_refused`)."""
+        if getattr(self, "_sock", None) is None and self._probed != self.directory.current:
+            self._skip_refused()
         return self.directory.current
+
+    def _skip_refused(self) -> None:
+        """Move past endpoints that refuse a TCP connection now (each counted as failed),
+        at most once round the list; each endpoint is probed once per connection."""
+        for _ in range(len(self.directory.endpoints)):
+            current = self.directory.current
+            self._probed = current
+            if len(self.directory.endpoints) < 2 or not refused(current):
+                return
+            self.directory.failed()
+            if self.directory.current == current:
+                return
 
     def _discovery(self, now_ns: int) -> tuple[Pending, bytes] | None:
         """Before a call: make the move an earlier answer asked for, once no request in
@@ -308,6 +326,7 @@ class ClientBase:
         """The socket is going: nothing on it will be answered. With ``rotate`` its
         endpoint failed, and the next connection goes where :meth:`Directory.failed` says."""
         self._core.abandon(list(self._core.inflight.values()))
+        self._probed = None
         if rotate:
             self.directory.failed()
         self.resets += 1
