@@ -525,11 +525,13 @@ class EtcdStore(Store):
                 return genesis
         raise EtcdUnavailable(f"the layout record {key} kept changing under this node")
 
-    def accept_restore(self, reason: str) -> Genesis:
+    def accept_restore(self, reason: str, *, dry_run: bool = False) -> Genesis:
         """An operator's acknowledgement that this store went back (restored from a snapshot,
         its keys deleted) on purpose: a new restore record in the genesis (written anew, with
         this layout, if it is gone), and a quarantine every claim of it waits out. Nodes that
-        refused take it at their next claim, with their journal's floors; it is accepted once."""
+        refused take it at their next claim, with their journal's floors; it is accepted once.
+        With ``dry_run``, the genesis it would write, nothing written; ``found_genesis`` says
+        whether a layout record was there."""
         client = self.client
         tx = client.transactions
         key = self.layout_key()
@@ -550,6 +552,7 @@ class EtcdStore(Store):
                     digest = None
                 marks.append((place[0], place[1], digest, f"the mark {meta.key.decode()}"))
             recorded = self._parse_genesis(layout_kv[0][0]) if layout_kv else None
+            self.found_genesis = recorded is not None
             compare = [tx.mod(key) == layout_kv[0][1].mod_revision] if layout_kv else [tx.create(key) == 0]
             genesis, used = restore_base(
                 recorded,
@@ -568,6 +571,8 @@ class EtcdStore(Store):
                 used=used,
                 quarantine_until_ms=self._now_ms() + self.quarantine_ms(),
             )
+            if dry_run:
+                return genesis
             ok, _ = client.transaction(
                 compare=compare, success=[tx.put(key, orjson.dumps(genesis.to_dict()))], failure=[]
             )
