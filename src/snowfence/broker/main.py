@@ -112,9 +112,31 @@ class Readiness:
         self._epoll.close()
 
 
-def spawn_worker(config: Config, slot: int, backend: str) -> subprocess.Popen:
-    """Start the worker process for ``slot``, its spec on stdin."""
-    spec = {"config": config.to_dict(), "slot": slot, "backend": backend, "broker_pid": os.getpid()}
+def set_title(title: str) -> None:
+    """Name this process in ``ps`` (its command line, with setproctitle) and in ``top``
+    (its short name, /proc/self/comm): "snowfence: broker tcp://..."."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:  # an install without it: the short name only
+        try:
+            with open("/proc/self/comm", "w") as comm:
+                comm.write(title[:15])
+        except OSError:
+            pass
+        return
+    setproctitle(title)
+
+
+def spawn_worker(config: Config, slot: int, backend: str, node: str = "") -> subprocess.Popen:
+    """Start the worker process for ``slot``, its spec on stdin; ``node``, the endpoint the
+    broker bound, names the worker in its process title."""
+    spec = {
+        "config": config.to_dict(),
+        "slot": slot,
+        "backend": backend,
+        "broker_pid": os.getpid(),
+        "title": f"snowfence: worker {slot} of {node or config.bind}",
+    }
     popen = subprocess.Popen([sys.executable, "-m", "snowfence.workers.main"], stdin=subprocess.PIPE, close_fds=True)
     try:
         popen.stdin.write(orjson.dumps(spec))
@@ -153,7 +175,7 @@ class Node:
         return f"ipc://{self.rundir}/backend"
 
     def _spawn(self, slot: int) -> subprocess.Popen:
-        return spawn_worker(self.config, slot, self.backend)
+        return spawn_worker(self.config, slot, self.backend, self.router.endpoint() if self.router else "")
 
     def _on_stop(self) -> None:
         if self.notifier is not None:
@@ -195,6 +217,7 @@ class Node:
             except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
                 raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
             self.curve.watch(self.router.frontend)
+            set_title(f"snowfence: broker {self.router.endpoint()}")
             self.metrics.fast = self.router.fast
             if self.config.metrics_bind:
                 try:
