@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -218,6 +219,21 @@ class Config:
         "empty lets any client that knows the server key in.",
         metavar="DIR",
     )
+    curve_allow_poll_s: float = setting(
+        0.0,
+        "Look at the curve_allow directory this often (seconds) and take a changed list of keys at once, "
+        "for new connections; 0 reads it once, at start.",
+        metavar="S",
+    )
+    curve_next_secret_key: str = setting(
+        "",
+        "A second server certificate with its secret key, served on curve_next_bind beside the first: clients "
+        "move to its public key one by one before it replaces curve_secret_key (docs/OPERATIONS.md).",
+        metavar="FILE",
+    )
+    curve_next_bind: str = setting(
+        "", "ZeroMQ endpoint the broker binds for clients of curve_next_secret_key.", metavar="ENDPOINT"
+    )
 
     peers: tuple[str, ...] = setting(
         (),
@@ -288,7 +304,7 @@ class Config:
             object.__setattr__(self, name, getattr(self, name).strip().lower())
         layout = self.layout  # validates widths and epoch
         layout.check_region(self.region)
-        problem = endpoint_problem(self.bind, bind=True)
+        problem = endpoint_problem(self.bind, bind=True) or _bind_host_problem(self.bind)
         if problem:
             raise ConfigError(f"bind: {problem}")
         for peer in self.peers:
@@ -371,6 +387,12 @@ class Config:
             raise ConfigError(f"max_clock_skew_ms must be 0..3600000, got {self.max_clock_skew_ms}")
         if self.curve_allow and not self.curve_secret_key:
             raise ConfigError("curve_allow needs curve_secret_key")
+        if not 0 <= self.curve_allow_poll_s <= 3600:
+            raise ConfigError(f"curve_allow_poll_s must be 0..3600, got {self.curve_allow_poll_s}")
+        if bool(self.curve_next_secret_key) != bool(self.curve_next_bind):
+            raise ConfigError("curve_next_secret_key and curve_next_bind go together")
+        if self.curve_next_secret_key and not self.curve_secret_key:
+            raise ConfigError("curve_next_secret_key needs curve_secret_key")
         if self.max_clock_error_ms < 0 or self.forward_jump_ms < 1:
             raise ConfigError("max_clock_error_ms must be >= 0 and forward_jump_ms >= 1")
         if self.fast_bind not in ("auto", "off", ""):
@@ -611,6 +633,40 @@ def _positive(cfg: Config, *names: str) -> None:
             raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
 
 
+#: What a setting of each type is, in words, for the message that refuses a value.
+_KIND_WORDS = {
+    "int": "a whole number",
+    "float": "a number",
+    "str": "text",
+    "bool": "true or false (also yes/no, on/off, 1/0)",
+    "tuple[str, ...]": "a list of text: an array of strings, or one string with commas between the items",
+}
+
+
+def _bind_host_problem(endpoint: str) -> str | None:
+    """Why a tcp:// bind endpoint's host cannot be bound (libzmq says only "No such device"),
+    or None: an address, ``*``, an interface name and a host name that resolves are fine."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host = endpoint[len("tcp://") :].rpartition(":")[0]
+    host = host.strip("[]")
+    if not host or host == "*":
+        return None
+    try:
+        if host in {name for _, name in socket.if_nameindex()}:
+            return None
+    except OSError:
+        pass
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return (
+            f"{endpoint!r}: the host {host!r} cannot be resolved (it is no address, network interface or "
+            "known host name)"
+        )
+    return None
+
+
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
     """Bring a value from TOML, the environment or a flag to the field's type."""
     kind = f.type
@@ -643,7 +699,7 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
                 return tuple(str(part) for part in value)
             raise ValueError
     except (TypeError, ValueError):
-        raise ConfigError(f"{f.name}: {value!r} is not a valid {kind}") from None
+        raise ConfigError(f"{f.name}: {value!r} is not {_KIND_WORDS.get(kind, kind)}") from None
     raise AssertionError(f"no coercion for {kind}")
 
 

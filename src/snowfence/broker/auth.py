@@ -30,6 +30,7 @@ import time
 from collections import Counter
 
 import zmq
+from zmq.auth.certs import load_certificates
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
@@ -74,18 +75,102 @@ class Denials:
         event(log, "curve_denied", message, level=logging.WARNING, reason=reason, unlogged=unlogged, **fields)
 
 
-class Gatekeeper(ThreadAuthenticator):
-    """The ZAP handler: CURVE clients whose public keys are in ``allow_dir`` get in."""
+def _listing(allow_dir: str) -> tuple:
+    """What says the allow-list changed: the directory's ``*.key`` files with their
+    inodes, sizes and modification times (OSError if the directory cannot be read)."""
+    with os.scandir(allow_dir) as entries:
+        found = []
+        for entry in entries:
+            if entry.name.endswith(".key"):
+                st = entry.stat()
+                found.append((entry.name, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(found))
 
-    def __init__(self, ctx: zmq.Context, allow_dir: str, denials: Denials) -> None:
+
+class Gatekeeper(ThreadAuthenticator):
+    """The ZAP handler: CURVE clients whose public keys are in ``allow_dir`` get in.
+
+    With ``poll_s``, a thread looks at the directory that often and takes a changed
+    list at once (for connections made from then on), logging each change once; a
+    list that cannot be read leaves the last one in force."""
+
+    def __init__(self, ctx: zmq.Context, allow_dir: str, denials: Denials, poll_s: float = 0.0) -> None:
         super().__init__(ctx, log=logging.getLogger("snowfence.auth.zap"))
         self.allow_dir = allow_dir
         self.denials = denials
+        self.poll_s = poll_s
         self._peer = ""
+        self._listing: tuple | None = None
+        self._failed: str | None = None
+        #: Keys that were on the list and are no longer (Z85): for whoever wants to stop
+        #: serving a connection made before its key was taken off.
+        self.revoked: frozenset[bytes] = frozenset()
+        self._ever: set[bytes] = set()
+        self._stop_polling = threading.Event()
+        self._poller: threading.Thread | None = None
 
     def start(self) -> None:
         super().start()
+        try:
+            self._listing = _listing(self.allow_dir)
+        except OSError:
+            self._listing = None
         self.configure_curve(domain="*", location=self.allow_dir)
+        self._ever.update(self.certs.get("*", {}))
+        if self.poll_s > 0:
+            self._poller = threading.Thread(target=self._poll, name="snowfence-curve-allow", daemon=True)
+            self._poller.start()
+
+    def stop(self) -> None:
+        self._stop_polling.set()
+        if self._poller is not None:
+            self._poller.join(2)
+            self._poller = None
+        super().stop()
+
+    def _poll(self) -> None:
+        while not self._stop_polling.wait(self.poll_s):
+            self.reload()
+
+    def reload(self) -> bool:
+        """Read the directory again if it changed; True if the list of keys was replaced."""
+        try:
+            listing = _listing(self.allow_dir)
+            if listing == self._listing:
+                return False
+            keys = load_certificates(self.allow_dir)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: the old list stays
+            why = f"{type(exc).__name__}: {exc}"
+            self._listing = None  # the next list that can be read is taken and logged
+            if why != self._failed:
+                self._failed = why
+                event(
+                    log,
+                    "curve_allow_unreadable",
+                    f"CURVE: cannot read the allow-list {self.allow_dir} ({why}); the last one read stays in force",
+                    level=logging.ERROR,
+                    allow_dir=self.allow_dir,
+                    error=why,
+                )
+            return False
+        self._failed = None
+        self._listing = listing
+        old = self.certs.get("*", {})
+        added = sum(1 for key in keys if key not in old)
+        removed = sum(1 for key in old if key not in keys)
+        self.certs["*"] = keys  # one assignment: the ZAP handler sees the old list or the new
+        self._ever.update(keys)
+        self.revoked = frozenset(key for key in self._ever if key not in keys)
+        event(
+            log,
+            "curve_allow_reloaded",
+            f"CURVE: allow-list {self.allow_dir} read again: {len(keys)} keys, {added} added, {removed} removed",
+            allow_dir=self.allow_dir,
+            keys=len(keys),
+            added=added,
+            removed=removed,
+        )
+        return True
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
         # ZAP request frames: version, request id, domain, address, identity, mechanism, credentials.
@@ -186,19 +271,46 @@ class CurveServer:
         self.secret: bytes | None = None
         self.gatekeeper: Gatekeeper | None = None
         self.handshakes: HandshakeWatch | None = None
+        #: The second server key pair and where it is served (``curve_next_secret_key``).
+        self.next_public: bytes | None = None
+        self.next_secret: bytes | None = None
+        self.next_bind = getattr(config, "curve_next_bind", "")
         if config.curve_secret_key:
             self.public, self.secret = load_server_key(config.curve_secret_key)
+        next_key = getattr(config, "curve_next_secret_key", "")
+        if next_key:
+            self.next_public, self.next_secret = load_server_key(next_key)
         if config.curve_allow:
             # ZAP handler: only clients whose public keys are in the directory get in.
             check_allow_list(config.curve_allow)
-            self.gatekeeper = Gatekeeper(ctx, config.curve_allow, denials)
+            self.gatekeeper = Gatekeeper(ctx, config.curve_allow, denials, getattr(config, "curve_allow_poll_s", 0.0))
             self.gatekeeper.start()
 
     def serve_on(self, sock: zmq.Socket) -> None:
-        """Make ``sock`` (not yet bound) a CURVE server; no-op without a key."""
+        """Make ``sock`` (not yet bound) a CURVE server; no-op without a key.
+
+        With a next key pair, ``sock`` is bound here to ``curve_next_bind`` under that
+        key first: libzmq takes the keys an endpoint serves when it is bound, so the
+        endpoint the caller binds next serves the first key pair (and stays the
+        socket's last endpoint)."""
         if self.secret is None:
             return
         sock.curve_server = True
+        if self.next_secret is not None:
+            sock.curve_publickey = self.next_public
+            sock.curve_secretkey = self.next_secret
+            try:
+                sock.bind(self.next_bind)
+            except zmq.ZMQError as exc:
+                raise ConfigError(f"cannot bind {self.next_bind}: {zmq.strerror(exc.errno)}") from None
+            event(
+                log,
+                "curve_next_key",
+                f"CURVE: the next server key {fingerprint(self.next_public)} is served on "
+                f"{sock.getsockopt_string(zmq.LAST_ENDPOINT)}",
+                bind=self.next_bind,
+                key_fingerprint=fingerprint(self.next_public),
+            )
         sock.curve_publickey = self.public
         sock.curve_secretkey = self.secret
 
