@@ -12,7 +12,6 @@ import dataclasses
 import ipaddress
 import math
 import os
-import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -304,7 +303,7 @@ class Config:
             object.__setattr__(self, name, getattr(self, name).strip().lower())
         layout = self.layout  # validates widths and epoch
         layout.check_region(self.region)
-        problem = endpoint_problem(self.bind, bind=True) or _bind_host_problem(self.bind)
+        problem = endpoint_problem(self.bind, bind=True)
         if problem:
             raise ConfigError(f"bind: {problem}")
         for peer in self.peers:
@@ -633,40 +632,6 @@ def _positive(cfg: Config, *names: str) -> None:
             raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
 
 
-#: What a setting of each type is, in words, for the message that refuses a value.
-_KIND_WORDS = {
-    "int": "a whole number",
-    "float": "a number",
-    "str": "text",
-    "bool": "true or false (also yes/no, on/off, 1/0)",
-    "tuple[str, ...]": "a list of text: an array of strings, or one string with commas between the items",
-}
-
-
-def _bind_host_problem(endpoint: str) -> str | None:
-    """Why a tcp:// bind endpoint's host cannot be bound (libzmq says only "No such device"),
-    or None: an address, ``*``, an interface name and a host name that resolves are fine."""
-    if not endpoint.startswith("tcp://"):
-        return None
-    host = endpoint[len("tcp://") :].rpartition(":")[0]
-    host = host.strip("[]")
-    if not host or host == "*":
-        return None
-    try:
-        if host in {name for _, name in socket.if_nameindex()}:
-            return None
-    except OSError:
-        pass
-    try:
-        socket.getaddrinfo(host, None)
-    except (OSError, UnicodeError):
-        return (
-            f"{endpoint!r}: the host {host!r} cannot be resolved (it is no address, network interface or "
-            "known host name)"
-        )
-    return None
-
-
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
     """Bring a value from TOML, the environment or a flag to the field's type."""
     kind = f.type
@@ -699,7 +664,7 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
                 return tuple(str(part) for part in value)
             raise ValueError
     except (TypeError, ValueError):
-        raise ConfigError(f"{f.name}: {value!r} is not {_KIND_WORDS.get(kind, kind)}") from None
+        raise ConfigError(f"{f.name}: {value!r} is not a valid {kind}") from None
     raise AssertionError(f"no coercion for {kind}")
 
 
