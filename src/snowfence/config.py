@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -303,7 +304,7 @@ class Config:
             object.__setattr__(self, name, getattr(self, name).strip().lower())
         layout = self.layout  # validates widths and epoch
         layout.check_region(self.region)
-        problem = endpoint_problem(self.bind, bind=True)
+        problem = endpoint_problem(self.bind, bind=True) or _bind_host_problem(self.bind)
         if problem:
             raise ConfigError(f"bind: {problem}")
         for peer in self.peers:
@@ -632,6 +633,40 @@ def _positive(cfg: Config, *names: str) -> None:
             raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
 
 
+#: What a setting of each type is, in words, for the message that refuses a value.
+_KIND_WORDS = {
+    "int": "integer: a whole number is expected",
+    "float": "number: a number such as 2 or 0.5 is expected",
+    "str": "text: a string is expected",
+    "bool": "switch: true or false (also yes/no, on/off, 1/0) is expected",
+    "tuple[str, ...]": "list: an array of strings, or one string with commas between the items, is expected",
+}
+
+
+def _bind_host_problem(endpoint: str) -> str | None:
+    """Why a tcp:// bind endpoint's host cannot be bound (libzmq says only "No such device"),
+    or None: an address, ``*``, an interface name and a host name that resolves are fine."""
+    if not endpoint.startswith("tcp://") or "," in endpoint:  # two endpoints: preflight says so
+        return None
+    host = endpoint[len("tcp://") :].rpartition(":")[0]
+    host = host.strip("[]")
+    if not host or host == "*":
+        return None
+    try:
+        if host in {name for _, name in socket.if_nameindex()}:
+            return None
+    except OSError:
+        pass
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return (
+            f"{endpoint!r}: the host {host!r} cannot be resolved (it is not an address, a network interface or a "
+            "known host name)"
+        )
+    return None
+
+
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
     """Bring a value from TOML, the environment or a flag to the field's type."""
     kind = f.type
@@ -664,7 +699,7 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
                 return tuple(str(part) for part in value)
             raise ValueError
     except (TypeError, ValueError):
-        raise ConfigError(f"{f.name}: {value!r} is not a valid {kind}") from None
+        raise ConfigError(f"{f.name}: {value!r} is not a valid {_KIND_WORDS.get(kind, kind)}") from None
     raise AssertionError(f"no coercion for {kind}")
 
 
