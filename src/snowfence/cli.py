@@ -420,6 +420,14 @@ def build_parser() -> argparse.ArgumentParser:
     verify_mod.add_arguments(check_ids)
     _connect_arg(check_ids, layout=True)
     _add_config_flags(check_ids, LAYOUT_FIELDS)
+    completion = sub.add_parser(
+        "completion",
+        help='Print a shell completion script for every command and flag: eval "$(snowfence completion bash)".',
+        description="Prints a completion script made from this command line's own parser, so it lists every "
+        'command and flag of this version. Bash: add `eval "$(snowfence completion bash)"` to ~/.bashrc.',
+    )
+    completion.add_argument("shell", choices=["bash"], help="The shell to complete in.")
+
     return parser
 
 
@@ -781,6 +789,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
         discover=args.discover,
     )
     return bench.main(spec, args.json, args.plot)
+
+
+def completion_bash(parser: argparse.ArgumentParser) -> str:
+    """A bash completion script for ``parser``: its commands, and each command's flags."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    top = [o for a in parser._actions for o in a.option_strings]
+    cases = []
+    for name, command in commands.items():
+        flags = sorted({o for a in command._actions for o in a.option_strings})
+        cases.append(f'        {name}) opts="{" ".join(flags)}" ;;')
+    return "\n".join(
+        [
+            "# bash completion for snowfence, made by `snowfence completion bash`",
+            "_snowfence() {",
+            '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="" opts i',
+            "    for ((i = 1; i < COMP_CWORD; i++)); do",
+            '        case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break ;; esac',
+            "    done",
+            '    case "$cmd" in',
+            f'        "") opts="{" ".join([*commands, *top])}" ;;',
+            *cases,
+            '        *) opts="" ;;',
+            "    esac",
+            '    COMPREPLY=($(compgen -W "$opts" -- "$cur"))',
+            "}",
+            "complete -o default -F _snowfence snowfence",
+            "",
+        ]
+    )
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    sys.stdout.write(completion_bash(build_parser()))
+    return 0
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
