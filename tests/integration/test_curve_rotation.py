@@ -95,6 +95,16 @@ def test_the_allow_list_changes_without_a_restart(nodes, keys, tmp_path):
     assert served(endpoint, server, keys / "carol.key_secret")
     assert not served(endpoint, server, keys / "bob.key_secret", timeout_s=0.5)
     alice = Steady(endpoint, server, keys / "alice.key_secret")
+    # carol connected before her key is taken off: her connection stays open, and is cut off too.
+    carol = Client(
+        endpoint,
+        timeout_s=0.5,
+        retries=0,
+        discover=False,
+        server_key=str(server),
+        client_key=str(keys / "carol.key_secret"),
+    )
+    assert sum(b.count for b in carol.reserve(1)) == 1
     try:
         # bob in, carol out: both within the poll interval, for new connections.
         shutil.copy(keys / "bob.key", allow / "bob.key")
@@ -104,6 +114,8 @@ def test_the_allow_list_changes_without_a_restart(nodes, keys, tmp_path):
         assert time.monotonic() - changed < POLL_S + 1.0
         assert served(endpoint, server, keys / "bob.key_secret")
         assert not served(endpoint, server, keys / "carol.key_secret", timeout_s=0.5)
+        with pytest.raises(Timeout):  # on the connection made before: her requests go unanswered
+            carol.reserve(1)
         # A list that cannot be read leaves the last one in force, said once.
         (allow / "broken.key").write_text("not a certificate\n")
         wait_for(lambda: "event=curve_allow_unreadable" in node.log(), 5, what="the unreadable list logged")
@@ -115,6 +127,7 @@ def test_the_allow_list_changes_without_a_restart(nodes, keys, tmp_path):
         assert "0 added, 0 removed" in node.log()
     finally:
         alice.stop()
+        carol.close()
     assert not alice.errors, alice.errors[:3]
     assert alice.ids > 0
     assert node.log().count("event=curve_allow_reloaded") == 2  # each change once, not every look

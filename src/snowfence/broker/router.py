@@ -75,6 +75,10 @@ class ZmqFront:
         #: have the fast connections' shape, with 1 for a second byte.
         self.http: HttpDoor | None = None
         self._http_send = _no_http_door
+        #: The CURVE allow-list's keeper (None: no allow-list), and the requests dropped because
+        #: their connection's key was taken off the list after it connected.
+        self._gate = None
+        self.revoked_dropped = 0
         #: Set on every send on a ZeroMQ socket outside the loop's reads of them (the loop
         #: reads and clears it: it must then look at the sockets' events again).
         self.zmq_used = False
@@ -116,6 +120,10 @@ class ZmqFront:
     def _setup_sockets(self, config: Config, backend_endpoint: str, curve: CurveServer | None) -> None:
         if curve is not None:
             curve.serve_on(self.frontend)
+            # A key taken off the allow-list after its connection was made: that connection's
+            # requests are dropped unanswered (as a refused client hears nothing), so a revoked
+            # client is cut off within the allow-list's poll, not when it reconnects.
+            self._gate = curve.gatekeeper
         elif config.curve_secret_key:
             raise ValueError("curve_secret_key is set: the router needs the CurveServer that read it")
         self.frontend.setsockopt(zmq.LINGER, 500)
@@ -162,6 +170,12 @@ class ZmqFront:
                 frame = _recv(front, 0, False)
                 body = frame.bytes
                 meta = _META_DELIMITED
+            gate = self._gate
+            if gate is not None and gate.revoked and frame.get("User-Id").encode() in gate.revoked:
+                self.revoked_dropped += 1
+                while frame.more:
+                    frame = _recv(front, 0, False)
+                continue
             if frame.more:
                 while _recv(front, 0, False).more:
                     pass
