@@ -112,19 +112,20 @@ class Readiness:
         self._epoll.close()
 
 
-def set_title(title: str) -> None:
-    """Name this process in ``ps`` (its command line, with setproctitle) and in ``top``
-    (its short name, /proc/self/comm): "snowfence: broker tcp://..."."""
+def set_title(title: str, short: str) -> None:
+    """Name this process in ``ps`` (its command line, with setproctitle) as ``title``, and in ``top``
+    (/proc/self/comm, 15 bytes) as ``short``, which has no spaces: /proc/PID/stat stays split by spaces."""
     try:
         from setproctitle import setproctitle
+
+        setproctitle(title)
     except ImportError:  # an install without it: the short name only
-        try:
-            with open("/proc/self/comm", "w") as comm:
-                comm.write(title[:15])
-        except OSError:
-            pass
-        return
-    setproctitle(title)
+        pass
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(short[:15])
+    except OSError:
+        pass
 
 
 def spawn_worker(config: Config, slot: int, backend: str, node: str = "") -> subprocess.Popen:
@@ -217,7 +218,7 @@ class Node:
             except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
                 raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
             self.curve.watch(self.router.frontend)
-            set_title(f"snowfence: broker {self.router.endpoint()}")
+            set_title(f"snowfence: broker {self.router.endpoint()}", "snowfence")
             self.metrics.fast = self.router.fast
             if self.config.metrics_bind:
                 try:
