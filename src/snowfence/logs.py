@@ -88,3 +88,19 @@ def setup(level: str = "info", fmt: str = "text", role: str = "snowfence") -> No
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS.get(level, logging.INFO))
     root.propagate = False
+
+
+def set_process_title(title: str, short: str) -> None:
+    """Name this process in ``ps`` (its command line, with setproctitle) as ``title``, and in ``top``
+    (/proc/self/comm, 15 bytes) as ``short``, which has no spaces: /proc/PID/stat stays split by spaces."""
+    try:
+        from setproctitle import setproctitle
+
+        setproctitle(title)
+    except ImportError:  # an install without it: the short name only
+        pass
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(short[:15])
+    except OSError:
+        pass

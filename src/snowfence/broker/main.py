@@ -31,7 +31,7 @@ from .. import protocol
 from ..clock import PENDING_VERDICT
 from ..config import Config
 from ..errors import ConfigError
-from ..logs import event
+from ..logs import event, set_process_title
 from . import preflight, rundir
 from .auth import CurveServer
 from .membership import Membership, advertised_endpoints, base_entry, node_name
@@ -110,22 +110,6 @@ class Readiness:
 
     def close(self) -> None:
         self._epoll.close()
-
-
-def set_title(title: str, short: str) -> None:
-    """Name this process in ``ps`` (its command line, with setproctitle) as ``title``, and in ``top``
-    (/proc/self/comm, 15 bytes) as ``short``, which has no spaces: /proc/PID/stat stays split by spaces."""
-    try:
-        from setproctitle import setproctitle
-
-        setproctitle(title)
-    except ImportError:  # an install without it: the short name only
-        pass
-    try:
-        with open("/proc/self/comm", "w") as comm:
-            comm.write(short[:15])
-    except OSError:
-        pass
 
 
 def spawn_worker(config: Config, slot: int, backend: str, node: str = "") -> subprocess.Popen:
@@ -218,7 +202,7 @@ class Node:
             except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
                 raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
             self.curve.watch(self.router.frontend)
-            set_title(f"snowfence: broker {self.router.endpoint()}", "snowfence")
+            set_process_title(f"snowfence: broker {self.router.endpoint()}", "snowfence")
             self.metrics.fast = self.router.fast
             if self.config.metrics_bind:
                 try:

@@ -37,7 +37,7 @@ import zmq.backend
 from ..clock import HostClock
 from ..config import Config
 from ..errors import ConfigError
-from ..logs import event
+from ..logs import event, set_process_title
 from ..logs import setup as setup_logs
 from ..store import open_store
 from .core import IDLE_WAIT_MS, WorkerCore, boot_failed, preference_files
@@ -168,27 +168,11 @@ PR_SET_PDEATHSIG = 1
 PR_SET_TIMERSLACK = 29
 
 
-def _set_title(title: str, short: str) -> None:
-    """Name this process in ``ps`` (its command line, with setproctitle) as ``title``, and in ``top``
-    (/proc/self/comm, 15 bytes) as ``short``, which has no spaces: /proc/PID/stat stays split by spaces."""
-    try:
-        from setproctitle import setproctitle
-
-        setproctitle(title)
-    except ImportError:  # an install without it: the short name only
-        pass
-    try:
-        with open("/proc/self/comm", "w") as comm:
-            comm.write(short[:15])
-    except OSError:
-        pass
-
-
 def main() -> int:
     spec = orjson.loads(sys.stdin.buffer.read())
     config = Config(**spec["config"])
     setup_logs(config.log_level, config.log_format, role=f"worker{spec['slot']}")
-    _set_title(spec.get("title") or f"snowfence: worker {spec['slot']}", f"snowfence-w{spec['slot']}")
+    set_process_title(spec.get("title") or f"snowfence: worker {spec['slot']}", f"snowfence-w{spec['slot']}")
     # Die with the broker even if it is SIGKILLed; sleep to a millisecond boundary
     # with microsecond rather than the default 50 us timer slack.
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
