@@ -71,6 +71,22 @@ class _Conn:
         self.unsent = bytearray()
 
 
+def listen_tcp(host: str, port: int, what: str) -> socket.socket:
+    """A non-blocking TCP listener on ``host:port`` (IPv6 when the host has a colon), for the
+    broker's loop; a port that cannot be bound is a ConfigError naming ``what``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(512)
+    except OSError as exc:
+        listener.close()
+        raise ConfigError(f"cannot bind {what} {host}:{port}: {exc.strerror}") from None
+    listener.setblocking(False)
+    return listener
+
+
 class FastPort:
     """The listening socket and its connections; the broker's loop polls ``listen_fd``
     and each connection's descriptor (``by_fd``) and hands their events here.
@@ -91,16 +107,7 @@ class FastPort:
         watch: Callable[[int, bool], None] | None = None,
         unwatch: Callable[[int], None] | None = None,
     ) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.listener.bind((host, port))
-            self.listener.listen(512)
-        except OSError as exc:
-            self.listener.close()
-            raise ConfigError(f"cannot bind the fast port {host}:{port}: {exc.strerror}") from None
-        self.listener.setblocking(False)
+        self.listener = listen_tcp(host, port, "the fast port")
         self.listen_fd = self.listener.fileno()
         self.port = self.listener.getsockname()[1]
         self.host = host

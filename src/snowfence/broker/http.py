@@ -54,8 +54,9 @@ import orjson
 
 from .. import protocol
 from ..config import Config
-from ..errors import BadRequest, ConfigError, FrameTooLarge, SnowfenceError, Unavailable
+from ..errors import BadRequest, FrameTooLarge, SnowfenceError, Unavailable
 from ..ids import to_base32
+from .fast import listen_tcp
 
 #: Bytes read from one connection per wake-up.
 READ_BYTES = 16 * 1024
@@ -367,16 +368,7 @@ class HttpDoor:
         watch: Callable[[int, int], None] | None = None,
         unwatch: Callable[[int], None] | None = None,
     ) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.listener.bind((host, port))
-            self.listener.listen(512)
-        except OSError as exc:
-            self.listener.close()
-            raise ConfigError(f"cannot bind the HTTP port {host}:{port}: {exc.strerror}") from None
-        self.listener.setblocking(False)
+        self.listener = listen_tcp(host, port, "the HTTP port")
         self.listen_fd = self.listener.fileno()
         self.port = self.listener.getsockname()[1]
         self.host = host
