@@ -187,9 +187,11 @@ def main() -> int:
     }
     if failures:
         f = failures[0]
-        replay = f"python tests/sim/run.py --seed {f['seed']} --schedules 1" + (
-            f" --mutant {args.mutant}" if args.mutant else ""
-        )
+        replay = (
+            f"python tests/sim/run.py --seed {f['seed']} --schedules 1"
+            + (f" --mutant {args.mutant}" if args.mutant else "")
+            + (f" --kind {args.kind}" if args.kind else "")
+        )  # a forced kind draws the schedule differently
         print(f"VIOLATION in schedule seed {f['seed']} ({f['kind']}): {f['violation']}")
         print("faults before it (simulated s, kind): " + ", ".join(f"{t:.3f} {k}" for t, k in f["fault_log"]))
         print(f"replay: {replay}")
