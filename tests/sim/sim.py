@@ -1951,11 +1951,11 @@ class World:
             # inside it, as by default), and a restart at once.
             if not any(q.up for q in self.procs):
                 return False
-            # Every witness wiped with the clock stepped back behind what was minted (beyond
-            # the logical clock's run-ahead, which a new store waits out) is the case
-            # RELIABILITY.md writes down as undetectable: then the journal, kept on another
-            # disk as it recommends, stays.
-            minted = max(self.checker.max_ms.values(), default=-1)
+            # Every witness wiped with the clock stepped back behind what was minted, or
+            # behind a watermark answered (beyond the logical clock's run-ahead, which a new
+            # store waits out) is the case RELIABILITY.md writes down as undetectable: then
+            # the journal, kept on another disk as it recommends, stays.
+            minted = max(max(self.checker.max_ms.values(), default=-1), self.checker.watermark_ms)
             now_ms = self.nodes[0].clock.wall() // MS - self.layout.epoch_ms
             wipe_journal = now_ms + self.config.max_ahead_ms > minted
             self.forget(wids)
