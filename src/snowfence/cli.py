@@ -464,6 +464,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .broker import preflight
+
+    # Before the broker's modules are imported: they import the server extra's packages,
+    # which a client install (pip install snowfence) does not have.
+    preflight.require_server()
     from .broker.main import serve
     from .logs import setup
 

@@ -176,7 +176,9 @@ def test_containerfile_builds_wheels_once_and_installs_only_from_them():
     stages = re.split(r"^FROM ", body, flags=re.M)[1:]
     assert len(stages) == 2 and " AS build" in stages[0].splitlines()[0]
     build, runtime = stages
-    assert 'pip wheel --wheel-dir /wheels ".[etcd]"' in build
+    # A node's image: the server extra (a client install has no node in it) and etcd mode's.
+    assert 'pip wheel --wheel-dir /wheels ".[server,etcd]"' in build
+    assert '--find-links=/wheels "snowfence[server,etcd]"' in runtime
     assert "COPY --from=build /wheels" not in runtime, "wheels must not land in a layer of the image"
     assert "--mount=type=bind,from=build,source=/wheels" in runtime and "--no-index --find-links=/wheels" in runtime
     user = re.search(r"^USER (\d+):(\d+)$", runtime, flags=re.M)

@@ -1,4 +1,4 @@
-"""What pyproject.toml promises: one version, a license file, etcd as an extra, a typed package, and an
+"""What pyproject.toml promises: one version, a license file, the server and etcd extras, a typed package, and an
 sdist that holds the whole project (docs, tests, deployment files)."""
 
 from __future__ import annotations
@@ -40,7 +40,16 @@ def test_the_etcd_client_is_an_extra_the_tests_install():
     assert not re.search(r"etcd|grpc|protobuf", base), base
     etcd = " ".join(PROJECT["optional-dependencies"]["etcd"])
     assert "etcd-sdk-python" in etcd and "grpcio" in etcd and "protobuf" in etcd
-    assert "snowfence[etcd]" in PROJECT["optional-dependencies"]["test"]
+    assert "snowfence[server,etcd]" in PROJECT["optional-dependencies"]["test"]
+
+
+def test_a_node_s_packages_are_the_server_extra_and_a_client_needs_only_pyzmq_and_orjson():
+    """``pip install snowfence`` is a client install; a node's is ``pip install 'snowfence[server]'``
+    (tests/integration/test_client_install.py installs the wheel and uses it)."""
+    names = [re.match(r"[A-Za-z0-9_.-]+", dep).group(0) for dep in PROJECT["dependencies"]]
+    assert names == ["pyzmq", "orjson"], names
+    server = " ".join(PROJECT["optional-dependencies"]["server"])
+    assert all(name in server for name in ("prometheus-client", "httptools", "setproctitle", "uvloop")), server
 
 
 def tracked_files() -> list[str] | None:

@@ -18,12 +18,15 @@ clock that may have stepped since.
   without writing; etcd not answering is left to the workers).
 - The CURVE key and allow-list must be readable (the broker reads them again
   when it sets CURVE up), and etcd mode needs the etcd extra installed.
+- A node needs the server extra installed (:func:`require_server`); a client
+  install (``pip install snowfence``) has only pyzmq and orjson.
 
 :func:`warnings` names settings that work but quietly do less than meant.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
@@ -36,6 +39,33 @@ from ..store.genesis import Genesis
 from . import auth
 from .membership import WILDCARD_HOSTS
 
+#: The top-level modules of the ``server`` extra a node cannot run without: the broker's
+#: /metrics and its HTTP door. (setproctitle is in the extra too, but a node runs without
+#: it, with the short process name only; uvloop is for the asyncio client.)
+SERVER_MODULES = ("prometheus_client", "httptools")
+
+
+def require_server() -> None:
+    """A ConfigError naming the extra when the server's dependencies are not installed.
+
+    ``pip install snowfence`` is a client install; a node needs ``pip install
+    'snowfence[server]'``. Looks, without importing, so that it can run before
+    the broker's modules (which import them) are imported.
+    """
+    missing = []
+    for name in SERVER_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise ConfigError(
+            f"a node needs the server extra, which is not installed (no {', '.join(missing)}): "
+            "pip install 'snowfence[server]'"
+        )
+
 
 def check(config: Config, *, create: bool = True) -> None:
     """Raise :class:`ConfigError` (or :class:`StateDirError`) for what would keep this node from serving.
@@ -43,6 +73,7 @@ def check(config: Config, *, create: bool = True) -> None:
     ``create``: make the state directory if it is missing and prove it writable by
     writing to it (``serve``); without it nothing on disk is touched (``check-config``).
     """
+    require_server()
     check_epoch(config)
     check_bind(config)
     check_state_dir(config.state_dir, create=create)
