@@ -6,8 +6,10 @@ by a lease, and its mark under ``marks/``, which outlives owners.
 A claim reads the genesis and the region's claims and marks in one
 transaction, then claims in a second one, guarded on what it read:
 ``create_revision(claim) == 0, mod_revision(mark) == seen, create_revision(genesis)
-== seen, create_revision(region claims) == seen -> put(claim, lease), put(mark),
-[put(genesis) on a first use]``. So the
+== seen, create_revision(region claims) == seen, [version(used) == 0 on a first use]
+-> put(claim, lease), put(mark), [put(used) on a first use]``. A first use is
+recorded in the worker ID's own ``used`` key, so the first claims of a fleet's
+cold start contend for nothing but the worker IDs themselves. So the
 claim writes the worker ID's mark (with the store's ID and the layout's
 digest) itself: a worker ID that was claimed always has a mark. The claim key's
 ``create_revision`` is the fencing token; every later write (extending or
@@ -265,6 +267,8 @@ class EtcdStore(Store):
         #: What the claim's first transaction read: {worker ID: (mark value or None, mod_revision,
         #: version)}.
         self._marks: dict[int, tuple[bytes | None, int, int]] = {}
+        #: The worker IDs of the region whose first use that transaction saw recorded in a key.
+        self._used: set[int] = set()
         #: The monotonic clock a lease's remaining TTL is counted on (tests pass a fake one).
         self.mono_ns = mono_ns
         self.layout = config.layout
@@ -286,6 +290,9 @@ class EtcdStore(Store):
 
     def mark_key(self, worker_id: int) -> str:
         return f"{self.prefix}marks/{self.region}/{worker_id}"
+
+    def used_key(self, worker_id: int) -> str:
+        return f"{self.prefix}used/{self.region}/{worker_id}"
 
     # -- Store ---------------------------------------------------------------------------
 
@@ -331,16 +338,21 @@ class EtcdStore(Store):
         key = self.layout_key()
         # In one transaction: whether a claim or a mark exists is known as of the same
         # revision as the layout record's absence (another node may record it meanwhile).
-        marks, claims = self.prefix + "marks/", self.prefix + "workers/"
+        marks, claims, used = self.prefix + "marks/", self.prefix + "workers/", self.prefix + "used/"
         known = self._known()  # what every read below is compared with (see journal.py)
-        _, (layout_kv, mark_kvs, claim_kvs) = client.transaction(
+        _, (layout_kv, mark_kvs, claim_kvs, used_kvs) = client.transaction(
             compare=[],
-            success=[tx.get(key), tx.get(marks, keys.range_end(marks)), tx.get(claims, keys.range_end(claims))],
+            success=[
+                tx.get(key),
+                tx.get(marks, keys.range_end(marks)),
+                tx.get(claims, keys.range_end(claims)),
+                tx.get(used, keys.range_end(used)),
+            ],
             failure=[],
         )
         value, meta = layout_kv[0] if layout_kv else (None, None)
         if value is None:
-            left = [name for name, kvs in (("marks", mark_kvs), ("workers", claim_kvs)) if kvs]
+            left = [name for name, kvs in (("marks", mark_kvs), ("workers", claim_kvs), ("used", used_kvs)) if kvs]
             if left:
                 raise LayoutMismatch(
                     f"the layout record {key} of cluster {self.config.cluster!r} is missing, but "
@@ -366,6 +378,7 @@ class EtcdStore(Store):
                     now_unix_ms=now_unix_ms,
                     window_ms=self.window_ms,
                     quarantine_until_ms=self._now_ms() + quarantine,
+                    used_keys=True,
                 )
                 claimed = claims.claimed(
                     self.region, self.config.cluster, layout, window_ms=self.window_ms, now_unix_ms=now_unix_ms
@@ -401,7 +414,7 @@ class EtcdStore(Store):
                 "will not start"
             )
         self._adopt(recorded, meta, known)
-        if not recorded.upgraded or recorded.window_ms < self.window_ms:
+        if not recorded.upgraded or recorded.window_ms < self.window_ms or not recorded.used_keys:
             self._amend_genesis(lambda g: g)
         self._claim_region()
 
@@ -502,6 +515,9 @@ class EtcdStore(Store):
                 genesis = legacy_genesis(genesis.layout, self._wall_ns() // 1_000_000, used)
             if genesis.window_ms < self.window_ms:
                 genesis = dataclasses.replace(genesis, window_ms=self.window_ms)
+            # First claims from now on are recorded in used/ keys (see genesis.py); ``used``
+            # keeps what was recorded before.
+            genesis = dataclasses.replace(genesis, used_keys=True)
             genesis = change(genesis)
             if genesis == before:
                 self._adopt(genesis, meta, known)
@@ -518,6 +534,15 @@ class EtcdStore(Store):
                         "store_upgraded",
                         f"upgraded the layout record of cluster {self.config.cluster} to a genesis record (store "
                         f"{genesis.store_id}); nodes of older releases can no longer start on it",
+                        level=logging.WARNING,
+                        store=genesis.store_id,
+                    )
+                elif not before.used_keys:
+                    event(
+                        log,
+                        "store_upgraded",
+                        f"the store of cluster {self.config.cluster} now records each worker ID's first claim in a "
+                        "key of its own (used/); nodes of older releases can no longer start or claim on it",
                         level=logging.WARNING,
                         store=genesis.store_id,
                     )
@@ -562,6 +587,7 @@ class EtcdStore(Store):
                 window_ms=self.window_ms,
                 where=f"cluster {self.config.cluster!r}",
             )
+            genesis = dataclasses.replace(genesis, used_keys=True)  # the used/ keys stay: still read
             self.genesis = genesis  # quarantine_ms() counts its window
             self._read_claims()  # and the region claim's, which outlives the cluster's keys
             genesis = genesis.restored(
@@ -631,14 +657,16 @@ class EtcdStore(Store):
         client = self.client
         tx = client.transactions
         claims, marks = f"{self.prefix}workers/{self.region}/", f"{self.prefix}marks/{self.region}/"
+        used = f"{self.prefix}used/{self.region}/"
         known = self._known()
-        _, (genesis_kv, claim_kvs, mark_kvs, claims_kv) = client.transaction(
+        _, (genesis_kv, claim_kvs, mark_kvs, claims_kv, used_kvs) = client.transaction(
             compare=[],
             success=[
                 tx.get(self.layout_key()),
                 tx.get(claims, keys.range_end(claims)),
                 tx.get(marks, keys.range_end(marks)),
                 tx.get(regions.KEY),
+                tx.get(used, keys.range_end(used)),
             ],
             failure=[],
         )
@@ -658,10 +686,16 @@ class EtcdStore(Store):
         genesis = self._parse_genesis(value)
         if genesis.layout != self.layout:
             raise StoreWentBack(f"the layout record of cluster {self.config.cluster!r} now names another layout")
-        if not genesis.upgraded:
-            genesis = self._amend_genesis(lambda g: g)  # put back in its older release's form
+        if not genesis.upgraded or not genesis.used_keys:
+            # Put back in an older release's form (or upgraded by one running beside: refused).
+            genesis = self._amend_genesis(lambda g: g)
         else:
             self._adopt(genesis, meta, known)
+        self._used = set()
+        for _, used_meta in used_kvs:
+            place = keys.place(used_meta.key, self.prefix + "used/")
+            if place is not None and place[0] == self.region:
+                self._used.add(place[1])
         self._marks = {}
         for value, mark_meta in mark_kvs:
             place = keys.place(mark_meta.key, self.prefix + "marks/")
@@ -746,7 +780,7 @@ class EtcdStore(Store):
             floors.append(self.journal.floor_ms(self.region, worker_id))
         unknown = None
         if value is None:
-            if genesis.is_used(self.region, worker_id) or (self.journal is not None and floors[-1] >= 0):
+            if self._is_used(worker_id) or (self.journal is not None and floors[-1] >= 0):
                 unknown = "it has no mark, but it was used"
         else:
             try:
@@ -789,6 +823,10 @@ class EtcdStore(Store):
             )
         return max(floors)
 
+    def _is_used(self, worker_id: int) -> bool:
+        """Whether ``worker_id`` was ever claimed, as the last read of the region saw it."""
+        return worker_id in self._used or self.genesis.is_used(self.region, worker_id)
+
     def try_claim(
         self, worker_id: int, holder: str, max_mark_ms: int | None, now_ms: int | None = None
     ) -> EtcdLease | None:
@@ -801,41 +839,31 @@ class EtcdStore(Store):
             return None
         _, mark_rev, mark_version = self._marks.get(worker_id, (None, 0, 0))
         mark_value = self.mark_value(floor, holder, None, mark_version + 1, floor_ms=floor + 1)
-        for _ in range(3):
-            genesis_create, genesis_mod = self._genesis_revs
-            first_use = not self.genesis.is_used(self.region, worker_id)
-            compare = [
-                tx.create(claim_key) == 0,
-                tx.mod(mark_key) == mark_rev,
-                tx.create(genesis_key) == genesis_create,
-                # The region's claim read in this pass still stands (not deleted and made anew).
-                tx.create(regions.KEY) == self._claims_revs[0],
-            ]
-            success = [tx.put(claim_key, orjson.dumps({"holder": holder}), lease_id), tx.put(mark_key, mark_value)]
-            if first_use:
-                # Its first claim: the genesis learns it was used, in the same transaction.
-                compare.append(tx.mod(genesis_key) == genesis_mod)
-                success.append(tx.put(genesis_key, orjson.dumps(self.genesis.using(self.region, worker_id).to_dict())))
-            known = self._known()
-            ok, responses = client.transaction(
-                compare=compare,
-                # The watermark record as of this claim: its minter starts at or above it.
-                success=[*success, tx.get(self.watermark_key()), tx.get(claim_key), tx.get(mark_key)],
-                failure=[tx.get(genesis_key)],
-            )
-            if ok:
-                break
-            if not first_use or not responses[0] or responses[0][0][1].create_revision != genesis_create:
-                return None  # claimed, or changed, since we read it: another pass reads again
-            # Only the genesis moved (another worker ID's first claim): read it again, and retry.
-            value, meta = responses[0][0]
-            self._adopt(self._parse_genesis(value), meta, known)
-        else:
-            return None
+        first_use = not self._is_used(worker_id)
+        compare = [
+            tx.create(claim_key) == 0,
+            tx.mod(mark_key) == mark_rev,
+            tx.create(genesis_key) == self._genesis_revs[0],
+            # The region's claim read in this pass still stands (not deleted and made anew).
+            tx.create(regions.KEY) == self._claims_revs[0],
+        ]
+        success = [tx.put(claim_key, orjson.dumps({"holder": holder}), lease_id), tx.put(mark_key, mark_value)]
+        if first_use:
+            # Its first claim: recorded in its own key, in the same transaction (see genesis.py).
+            used_key = self.used_key(worker_id)
+            compare.append(tx.version(used_key) == 0)
+            success.append(tx.put(used_key, orjson.dumps({"store": self.genesis.store_id, "holder": holder})))
+        ok, responses = client.transaction(
+            compare=compare,
+            # The watermark record as of this claim: its minter starts at or above it.
+            success=[*success, tx.get(self.watermark_key()), tx.get(claim_key), tx.get(mark_key)],
+            failure=[],
+        )
+        if not ok:
+            return None  # claimed, used or changed since we read it: another pass reads again
         claim_meta, mark_meta = responses[-2][0][1], responses[-1][0][1]
         if first_use:
-            self.genesis = self.genesis.using(self.region, worker_id)
-            self._genesis_revs = (genesis_create, mark_meta.mod_revision)
+            self._used.add(worker_id)
         self._marks[worker_id] = (mark_value, mark_meta.mod_revision, mark_meta.version)
         token = claim_meta.create_revision
         self.note_mark(worker_id, mark_meta.mod_revision, floor, mark_meta)

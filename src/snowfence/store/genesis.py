@@ -11,12 +11,21 @@ Every store keeps one record of its layout (etcd ``<prefix>layout``, embedded
     quarantine_until_ms  no claim of this store mints at or below this millisecond
     restore              the last restore an operator accepted: {"id", "at_unix_ms", "reason"}
     legacy               upgraded from a layout-only record of an older release
+    used_keys            (etcd, optional) first claims are recorded in keys of their own
 
 ``used`` is what lets a store prove that a worker ID without a mark was never
 used: a claim writes the worker ID's mark, and its first claim adds it here, in
 one transaction (etcd) or before the mark (embedded). Absent from ``used`` and
 markless: never used. In ``used`` and markless: unknown, which costs a
 quarantine, never a guess.
+
+On etcd, a record with ``used_keys`` has its first claims recorded in a key per
+worker ID (``used/<region>/<worker>``, written in the claim's own transaction)
+rather than in this record, which every first claim of the cluster would otherwise
+rewrite: a fleet's cold start would be a thousand claimers contending for one key.
+``used`` then keeps what was recorded before (and what an accepted restore found);
+a worker ID is used if either says so. Releases that do not know the field refuse
+the record, so none of them can claim on a store whose first uses it does not read.
 
 Releases before genesis records wrote the layout's fields alone, and their
 reader refuses a record with any other field: an older node cannot start on a
@@ -34,6 +43,8 @@ from ..ids import Layout
 
 LAYOUT_FIELDS = ("epoch_ms", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
 _GENESIS_FIELDS = ("store_id", "created_unix_ms", "window_ms", "used", "quarantine_until_ms", "restore", "legacy")
+#: Fields a record has only when set (an older record of this release reads the same without them).
+_OPTIONAL_FIELDS = ("used_keys",)
 
 
 def new_store_id() -> str:
@@ -63,6 +74,8 @@ class Genesis:
     quarantine_until_ms: int = 0
     restore: Restore | None = None
     legacy: bool = False
+    #: etcd: first claims are recorded in ``used/<region>/<worker>`` keys, not in ``used``.
+    used_keys: bool = False
 
     @property
     def upgraded(self) -> bool:
@@ -103,6 +116,8 @@ class Genesis:
             restore=self.restore.to_dict() if self.restore else None,
             legacy=self.legacy,
         )
+        if self.used_keys:
+            doc["used_keys"] = True
         return doc
 
     @classmethod
@@ -110,7 +125,8 @@ class Genesis:
         """The record a store holds; raises ConfigError if it is not one we could have written."""
         if not isinstance(doc, dict):
             raise ConfigError(f"a layout record is a JSON object, not {type(doc).__name__}")
-        layout = Layout.from_dict({k: v for k, v in doc.items() if k in LAYOUT_FIELDS or k not in _GENESIS_FIELDS})
+        known = (*_GENESIS_FIELDS, *_OPTIONAL_FIELDS)
+        layout = Layout.from_dict({k: v for k, v in doc.items() if k in LAYOUT_FIELDS or k not in known})
         if not any(k in doc for k in _GENESIS_FIELDS):
             return cls(layout, None)  # an older release's record: the layout alone
         missing = [k for k in _GENESIS_FIELDS if k not in doc]
@@ -149,11 +165,16 @@ class Genesis:
             ):
                 raise ConfigError(f"restore is {restore!r}, not an accepted restore")
             restore = Restore(restore["id"], restore["at_unix_ms"], restore["reason"])
-        return cls(layout, store_id, created, window, parsed, quarantine, restore, doc["legacy"])
+        used_keys = doc.get("used_keys", False)
+        if used_keys is not True and "used_keys" in doc:
+            raise ConfigError(f"used_keys is {used_keys!r}, not true (or absent)")
+        return cls(layout, store_id, created, window, parsed, quarantine, restore, doc["legacy"], used_keys)
 
     @classmethod
-    def create(cls, layout: Layout, *, now_unix_ms: int, window_ms: int, quarantine_until_ms: int = 0) -> Genesis:
-        return cls(layout, new_store_id(), now_unix_ms, window_ms, {}, quarantine_until_ms, None, False)
+    def create(
+        cls, layout: Layout, *, now_unix_ms: int, window_ms: int, quarantine_until_ms: int = 0, used_keys: bool = False
+    ) -> Genesis:
+        return cls(layout, new_store_id(), now_unix_ms, window_ms, {}, quarantine_until_ms, None, False, used_keys)
 
 
 # -- what both stores decide alike --------------------------------------------------------
