@@ -8,6 +8,8 @@ Keys, under ``/snowfence/<cluster>/``::
     workers/<region>/<worker>     the claim: holder (JSON), attached to a 10 s lease
     marks/<region>/<worker>       {"reserved_until_ms", "token", "holder", "store", "layout"}: no lease,
                                   it outlives owners
+    used/<region>/<worker>        {"store", "holder"}: written by the worker ID's first claim, in its
+                                  transaction; with no mark beside it, the worker ID's state is unknown
 
 One key outside every cluster's prefix, ``/snowfence/region-claims``, records
 which cluster of the etcd mints in which region (:mod:`.regions`).
