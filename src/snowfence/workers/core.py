@@ -539,9 +539,11 @@ class WorkerCore:
         self.check_clock(now_ns)
         for held in list(self.held):
             self.advance(held, now_ns)
-        while len(self.held) < self.ids_wanted and now_ns >= self.next_claim_ns and not self.stopping:
-            if not self.claim():
-                break
+        if len(self.held) < self.ids_wanted and now_ns >= self.next_claim_ns and not self.stopping:
+            # One claim a turn: a claim may spend a while in the store (a fleet's cold start),
+            # and the loop turns between two (requests answered, keepers seeing it alive);
+            # a claim made leaves the state dirty, so the next turn claims the next at once.
+            self.claim()
             now_ns = self._mono()
         if self.state_dirty or now_ns >= self.next_heartbeat_ns:
             self.send_state()

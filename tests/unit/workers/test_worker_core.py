@@ -124,7 +124,8 @@ def renewed(core: WorkerCore, clock: FakeClock, until_ms: int) -> None:
 def ready_core(clock: FakeClock, ids: int = 1, **config) -> tuple[WorkerCore, list[bytes], list[ScriptedLease]]:
     leases = [ScriptedLease(i, mark_ms=0) for i in range(ids)]
     core, sent = make_core(ScriptedStore(leases), clock, ids_per_worker=ids, **config)
-    core.tick(clock.mono_ns())
+    for _ in range(ids):  # one claim a turn
+        core.tick(clock.mono_ns())
     renewed(core, clock, now_ms(clock, core) + 5000)
     clock.advance_ms(20)
     core.tick(clock.mono_ns())
@@ -395,3 +396,28 @@ def test_a_refusal_about_a_worker_id_that_could_honour_the_token_outranks_the_sh
     work(core, clock, 2, 1, after=token)  # only the shard-0 worker ID is left
     [got] = replies(sent)
     assert got.error.code == "bad_request" and core.held[0].state == READY
+
+
+def test_a_turn_claims_at_most_one_worker_id_so_a_slow_store_never_stalls_the_loop():
+    # A worker of 16 worker IDs once claimed them all in one turn: under a slow etcd (a
+    # fleet's cold start) the loop stood still for seconds, and the keepers of the worker
+    # IDs it already held judged it stalled and gave them up.
+    clock = FakeClock()
+
+    class SlowStore(ScriptedStore):
+        def claim(self, preferred, holder, now_ms, max_ahead_ms):
+            clock.advance_ms(2000)  # each claim spends 2 s in the store
+            return super().claim(preferred, holder, now_ms, max_ahead_ms)
+
+    store = SlowStore([ScriptedLease(w, 0) for w in range(4)])
+    core, _ = make_core(store, clock, ids_per_worker=4)
+    core.clock_veto(None)
+    turns = []
+    for _ in range(12):
+        core.heard = True  # the broker's pings
+        wait_ms = core.turn(None, clock.mono_ns())
+        turns.append(core.last_tick_ns)
+        clock.advance_ms(wait_ms)
+    assert [h.lease.worker_id for h in core.held] == [0, 1, 2, 3]
+    gaps = [b - a for a, b in zip(turns, turns[1:], strict=False)]
+    assert max(gaps) < 2.1 * NS  # the loop turned between any two claims
