@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import random
+import time
 from collections.abc import Callable
 
 from ..config import Config, etcd_endpoint
@@ -24,6 +25,9 @@ from . import keys
 
 #: Consecutive failed calls after which the client (channels, auth token) is rebuilt.
 REBUILD_AFTER_FAILURES = 3
+
+#: The monotonic clock a retired client's grace is counted on (tests replace it).
+_mono_ns = time.monotonic_ns
 
 #: The etcd client's top-level modules, from the ``etcd`` extra.
 CLIENT_MODULES = ("pyetcd", "grpc", "google.protobuf")
@@ -63,12 +67,13 @@ def etcd_call(method):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         connection = self if isinstance(self, Connection) else self.connection
+        generation = connection.generation
         try:
             result = method(self, *args, **kwargs)
         except SnowfenceError:
             raise
         except Exception as exc:  # grpc.RpcError, the library's own exceptions, ValueError from a dead channel
-            connection._failed(exc)
+            connection._failed(exc, generation)
             raise EtcdUnavailable(f"etcd call {method.__name__} failed: {_describe(exc)}") from None
         connection._succeeded()
         return result
@@ -100,8 +105,16 @@ class Connection:
         self.endpoints = [etcd_endpoint(url) for url in config.etcd]
         self._client = None
         self._failures = 0
+        #: How many times the client was rebuilt: a call that fails on a client since retired
+        #: says nothing of the current one, and does not count against it.
+        self.generation = 0
+        #: Clients rebuilt away from, each closed once the calls in flight on it (other
+        #: threads': a worker's keepers share its connection) have had their deadline.
+        self._retired: list[tuple[object, int]] = []
 
     def _current_client(self):
+        if self._retired:
+            self._close_retired(_mono_ns())
         if self._client is None:
             self._client = self._build_client()
         return self._client
@@ -141,7 +154,12 @@ class Connection:
             failover=True,
         )
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: Exception, generation: int | None = None) -> None:
+        if generation is not None and generation != self.generation:
+            # A call on a client since rebuilt away from: under load, when the calls in
+            # flight on the old client fail too, counting them rebuilt each new client in
+            # turn, and closed it under the other threads' calls, which then failed too.
+            return
         self._failures += 1
         text = str(exc).lower()
         client = self._client
@@ -166,11 +184,25 @@ class Connection:
     def _rebuild(self) -> None:
         client, self._client = self._client, None
         self._failures = 0
+        self.generation += 1
         if client is not None:
+            # Not closed at once: other threads may have calls in flight on it, which
+            # closing its channel would fail ("Channel closed!"); their deadline bounds them.
+            self._retired.append((client, _mono_ns() + int(self.timeout_s * 2e9)))
+
+    def _close_retired(self, now_ns: int | None = None) -> None:
+        """Close the retired clients whose grace has passed (``None``: every one)."""
+        keep = []
+        for client, until_ns in self._retired:
+            if now_ns is not None and now_ns < until_ns:
+                keep.append((client, until_ns))
+                continue
             try:
                 client.close()
             except Exception:
                 pass
+        self._retired = keep
 
     def close(self) -> None:
         self._rebuild()
+        self._close_retired()

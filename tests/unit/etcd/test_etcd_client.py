@@ -11,6 +11,7 @@ from fake_etcd import RpcError
 
 from snowfence.errors import ConfigError, EtcdUnavailable, LeaseLost
 from snowfence.etcd import client as client_mod
+from snowfence.etcd import client as client_module
 from snowfence.etcd.client import REBUILD_AFTER_FAILURES
 from snowfence.store.etcd import EtcdStore
 
@@ -84,7 +85,13 @@ def test_the_client_moves_to_the_next_member_after_each_failure_and_clears_the_l
     assert client._current_endpoint_label == "m0:2379"
 
 
-def test_after_repeated_failures_the_client_is_rebuilt_and_a_success_resets_the_count(etcd):
+def later(monkeypatch, seconds: float) -> None:
+    """The connection's monotonic clock, ``seconds`` on."""
+    now = client_module._mono_ns()
+    monkeypatch.setattr(client_module, "_mono_ns", lambda: now + int(seconds * 1e9))
+
+
+def test_after_repeated_failures_the_client_is_rebuilt_and_a_success_resets_the_count(etcd, monkeypatch):
     store = etcd.store()
     first = store.client
     for _ in range(REBUILD_AFTER_FAILURES - 1):
@@ -100,11 +107,37 @@ def test_after_repeated_failures_the_client_is_rebuilt_and_a_success_resets_the_
     first.fail(RpcError("UNAVAILABLE"))
     with pytest.raises(EtcdUnavailable):
         store.taken()
-    assert first.closed and len(etcd.clients) == 1  # closed now, a new one on the next call
+    assert len(etcd.clients) == 1  # a new one on the next call
     assert store.taken() == set() and len(etcd.clients) == 2 and store.client is etcd.clients[1]
+    assert not first.closed  # other threads' calls in flight on it end by their deadline first
+    later(monkeypatch, 2 * store.connection.timeout_s + 0.1)
+    assert store.taken() == set() and first.closed
 
 
-def test_a_rebuilt_client_starts_its_own_count_of_failures(etcd):
+def test_calls_in_flight_on_a_rebuilt_client_neither_fail_by_its_closing_nor_count_against_the_new_one(
+    etcd, monkeypatch
+):
+    # Under a fleet's load, a rebuild closed the client under the calls other keepers had in
+    # flight on it; they failed ("Channel closed!"), and their failures rebuilt the new
+    # client in turn: every worker ID of a worker stopped renewing.
+    store = etcd.store()
+    first = store.client
+    in_flight = store.connection.generation  # a keeper's call, sent on the first client
+    for _ in range(REBUILD_AFTER_FAILURES):
+        first.fail(RpcError("UNAVAILABLE"))
+        with pytest.raises(EtcdUnavailable):
+            store.taken()
+    assert store.taken() == set() and len(etcd.clients) == 2
+    assert not first.closed and first.get_prefix("/") is not None  # the call in flight still goes through
+    for _ in range(REBUILD_AFTER_FAILURES):  # and its failure, had it failed, says nothing of the new one
+        store.connection._failed(RpcError("UNAVAILABLE"), in_flight)
+    assert store.taken() == set() and len(etcd.clients) == 2 and not etcd.clients[1].closed
+    later(monkeypatch, 2 * store.connection.timeout_s + 0.1)
+    store.taken()
+    assert first.closed and not etcd.clients[1].closed
+
+
+def test_a_rebuilt_client_starts_its_own_count_of_failures(etcd, monkeypatch):
     store = etcd.store()
     store.client.fail(RpcError("UNAUTHENTICATED"))
     with pytest.raises(EtcdUnavailable):
@@ -117,6 +150,8 @@ def test_a_rebuilt_client_starts_its_own_count_of_failures(etcd):
     store.client.fail(RpcError("UNAVAILABLE"))
     with pytest.raises(EtcdUnavailable):
         store.taken()
+    later(monkeypatch, 2 * store.connection.timeout_s + 0.1)
+    store.taken()
     assert etcd.clients[1].closed
 
 
@@ -146,9 +181,10 @@ def test_an_authentication_error_rebuilds_the_client_at_once(etcd, text):
     store.client.fail(RpcError(text))
     with pytest.raises(EtcdUnavailable):
         store.taken()
-    assert etcd.clients[0].closed
     store.taken()
     assert len(etcd.clients) == 2
+    store.close()
+    assert etcd.clients[0].closed and etcd.clients[1].closed
 
 
 def test_a_client_that_will_not_close_is_dropped_all_the_same(etcd):
