@@ -194,9 +194,56 @@ def check_state_dir(path: str, *, create: bool = True, what: str = "state direct
         raise StateDirError(f"{what} {path} is not usable: {where} is not writable")
 
 
+def etcd_version_problem(version: str) -> str | None:
+    """Why an etcd server of ``version`` is unsafe to run snowfence on; None if it is not known to be.
+
+    etcd 3.5.0 to 3.5.4 panic when the deadline of a read-only transaction passes while it
+    is applied (etcd issue 14110, fixed in 3.5.5). snowfence reads the store in read-only
+    transactions with a deadline (``--etcd-timeout-s``); a fleet's load on a 3-member
+    cluster of 3.5.1 took every member down at once (benchmarks/fleet.py).
+    """
+    try:
+        major, minor, patch = (int(part) for part in version.split("-")[0].split(".")[:3])
+    except ValueError:
+        return None
+    if (major, minor) == (3, 5) and patch < 5:
+        return (
+            f"etcd {version} crashes when a read-only transaction's deadline passes while it is applied "
+            "(etcd issue 14110, fixed in 3.5.5): under load, snowfence's reads can take every member down "
+            "at once; upgrade etcd to 3.5.5 or later"
+        )
+    return None
+
+
+def _server_version(connection) -> str:
+    return connection.client.status().version
+
+
+def etcd_warnings(config: Config) -> list[tuple[str, str]]:
+    """(event name, message) for an etcd server known to be unsafe (asked of the member this
+    node reaches first); nothing if etcd does not answer (the workers say why)."""
+    if config.embedded:
+        return []
+    from ..etcd.client import Connection, etcd_call
+
+    try:
+        connection = Connection(config)
+    except ConfigError:
+        return []
+    try:
+        version = etcd_call(_server_version)(connection)
+    except (EtcdUnavailable, ConfigError):
+        return []
+    finally:
+        connection.close()
+    problem = etcd_version_problem(str(version))
+    return [("etcd_version_unsafe", problem)] if problem else []
+
+
 def warnings(config: Config) -> list[tuple[str, str]]:
-    """(event name, message) for each setting that works but does less than an operator would expect."""
-    found = []
+    """(event name, message) for each setting that works but does less than an operator would
+    expect, and for an etcd server known to be unsafe."""
+    found = etcd_warnings(config)
     host = config.bind.partition("://")[2].rpartition(":")[0]
     if not config.embedded and not config.advertise and config.bind.startswith("tcp://") and host in WILDCARD_HOSTS:
         found.append(
