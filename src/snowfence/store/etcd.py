@@ -269,6 +269,8 @@ class EtcdStore(Store):
         self._marks: dict[int, tuple[bytes | None, int, int]] = {}
         #: The worker IDs of the region whose first use that transaction saw recorded in a key.
         self._used: set[int] = set()
+        #: The etcd revision that transaction read at (None: not known).
+        self._read_revision: int | None = None
         #: The monotonic clock a lease's remaining TTL is counted on (tests pass a fake one).
         self.mono_ns = mono_ns
         self.layout = config.layout
@@ -683,6 +685,7 @@ class EtcdStore(Store):
                 f"{self.config.cluster!r}; claims are refused until an operator runs `snowfence accept-restore`"
             )
         value, meta = genesis_kv[0]
+        self._read_revision = getattr(getattr(meta, "response_header", None), "revision", None)
         genesis = self._parse_genesis(value)
         if genesis.layout != self.layout:
             raise StoreWentBack(f"the layout record of cluster {self.config.cluster!r} now names another layout")
@@ -823,6 +826,13 @@ class EtcdStore(Store):
             )
         return max(floors)
 
+    def _marked_since_read(self, worker_id: int) -> bool:
+        """Whether this node's journal saw a mark of ``worker_id`` written after the region was
+        read (its workers share the journal): that read is behind, not the mark gone."""
+        if self.journal is None or self._read_revision is None:
+            return False
+        return self.journal.mark_revision(self.region, worker_id) > self._read_revision
+
     def _is_used(self, worker_id: int) -> bool:
         """Whether ``worker_id`` was ever claimed, as the last read of the region saw it."""
         return worker_id in self._used or self.genesis.is_used(self.region, worker_id)
@@ -834,6 +844,8 @@ class EtcdStore(Store):
         client = self.client
         tx = client.transactions
         claim_key, mark_key, genesis_key = self.claim_key(worker_id), self.mark_key(worker_id), self.layout_key()
+        if worker_id not in self._marks and self._marked_since_read(worker_id):
+            return None  # claimed by another process of this node since our read: taken (another pass reads again)
         floor = self._floor(worker_id, now_ms)
         if max_mark_ms is not None and floor > max_mark_ms:
             return None

@@ -432,6 +432,13 @@ class Journal:
                 epoch["revision"] = revision
             self._save()
 
+    def mark_revision(self, region: int, worker_id: int) -> int:
+        """The revision of the worker ID's mark this journal saw last, in the current epoch (0: none)."""
+        with self._lock:
+            epoch = self.epochs.get(self.current) if self.current else None
+            seen = epoch["marks"].get(_mark_key(region, worker_id)) if epoch is not None else None
+            return seen[0] if seen else 0
+
     def note_watermark(self, ms: int) -> None:
         """Record a watermark this node promised, or a record it read; durable on return
         (a promise is answered only then). Its claims start above the highest."""
