@@ -100,7 +100,7 @@ def holder_main() -> int:
     cores = []
     for slot, core_spec in enumerate(spec["cores"]):
         config = Config(**{**spec["config"], "region": core_spec["region"], "ids_per_worker": core_spec["ids"]})
-        store = open_store(config)
+        store = open_store(config, journal=spec["journal"])
         core = WorkerCore(
             config,
             slot=slot,
@@ -319,7 +319,7 @@ def percentiles(values: list[int]) -> dict:
 
 
 class Fleet:
-    def __init__(self, root: Path, size: int, nodes_per_region: int, etcd_cluster) -> None:
+    def __init__(self, root: Path, size: int, nodes_per_region: int, etcd_cluster, journal: bool = False) -> None:
         from nodes import Node
 
         self.root, self.size, self.etcd = root, size, etcd_cluster
@@ -360,6 +360,7 @@ class Fleet:
                 name = f"r{region}h{p // CORES_PER_PROCESS}"
                 state_dir = root / f"{name}-state"
                 spec = {
+                    "journal": journal,
                     "config": {**self.config, "state_dir": str(state_dir)},
                     "cores": cores[p : p + CORES_PER_PROCESS],
                 }
@@ -578,7 +579,7 @@ def run_size(size: int, args) -> dict:
 
     root = Path(tempfile.mkdtemp(prefix=f"snowfence-fleet-{size}-"))
     cluster = EtcdCluster(root / "etcd", size=3).start()
-    fleet = Fleet(root, size, args.nodes_per_region, cluster)
+    fleet = Fleet(root, size, args.nodes_per_region, cluster, args.holder_journal)
     results = {"size": size, "nodes": len(fleet.nodes), "holder_processes": len(fleet.holders), "phases": []}
     try:
         results["phases"].append(fleet.window("cold start", lambda: fleet.cold_start(args.cold_timeout_s)))
@@ -611,6 +612,12 @@ def main() -> int:
     parser.add_argument("--steady-s", type=float, default=60.0)
     parser.add_argument("--cold-timeout-s", type=float, default=300.0)
     parser.add_argument("--skip-rolling", action="store_true")
+    parser.add_argument(
+        "--holder-journal",
+        action="store_true",
+        help="holders keep a node's journal too (fsynced at every renewal: about half a holder's CPU; "
+        "it is each node's own cost, which does not grow with the fleet)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs and figures directory")
     parser.add_argument("--out", help="write every figure as JSON here")
     args = parser.parse_args()
