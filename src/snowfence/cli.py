@@ -1191,12 +1191,17 @@ def _cluster_status(config, as_json: bool) -> int:
 def _clusters_status(configs: list, as_json: bool) -> int:
     """Several etcd clusters (one a region, say) side by side: their nodes and the
     region numbers each records; a region number two clusters use is a conflict
-    (their nodes could mint the same IDs), and makes the exit status 1."""
+    (their nodes could mint the same IDs), and makes the exit status 1; so does a cluster
+    its etcd knows nothing of (a mistyped --cluster would otherwise look like a quiet one)."""
     seen = []
     for config in configs:
-        regions, members, claims = _read_etcd(config, lambda c: (c.regions(), c.nodes(), _region_claims(c)))
+        regions, members, claims, known, census = _read_etcd(
+            config, lambda c: (c.regions(), c.nodes(), _region_claims(c), c.known(), c.census())
+        )
         entry = {"cluster": config.cluster, "etcd": list(config.etcd), "regions": regions, "nodes": members}
+        entry["known"] = bool(known or census or members or regions)
         seen.append({**entry, "region_claims": claims})
+    unknown = [entry for entry in seen if not entry["known"]]
     users: dict[int, list[str]] = {}
     for entry in seen:
         # The regions its nodes used, and those its etcd's claims give it.
@@ -1207,7 +1212,11 @@ def _clusters_status(configs: list, as_json: bool) -> int:
             users.setdefault(region, []).append(entry["cluster"])
     conflicts = {region: names for region, names in sorted(users.items()) if len(names) > 1}
     if as_json:
-        doc = {"clusters": seen, "conflicts": [{"region": r, "clusters": n} for r, n in conflicts.items()]}
+        doc = {
+            "clusters": seen,
+            "conflicts": [{"region": r, "clusters": n} for r, n in conflicts.items()],
+            "unknown": [entry["cluster"] for entry in unknown],
+        }
         print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
     else:
         print(f"{'cluster':<20} {'regions':<16} {'nodes':>5}  etcd")
@@ -1219,9 +1228,14 @@ def _clusters_status(configs: list, as_json: bool) -> int:
                 f"CONFLICT: region {region} is used by clusters {', '.join(names)}: their nodes can mint the same IDs; "
                 "give each cluster its own region numbers"
             )
+        for entry in unknown:
+            print(
+                f"UNKNOWN: cluster {entry['cluster']!r} is unknown to etcd at {','.join(entry['etcd'])}: no layout, "
+                "node, region or worker ID of it is recorded there; is its --cluster right?"
+            )
         if not conflicts:
-            print("no region number is used by two clusters")
-    return 1 if conflicts else 0
+            print("no region number is used by two clusters" + (" of those known" if unknown else ""))
+    return 1 if conflicts or unknown else 0
 
 
 def _dash(value) -> str:

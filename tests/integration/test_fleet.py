@@ -353,6 +353,10 @@ def test_two_regions_on_two_etcd_clusters_need_nothing_of_each_other_and_a_share
         fine = wait_for(lambda: (lambda p: p if "r2" in p.stdout and p.returncode == 0 else None)(
             status((one, "r1"), (two, "r2"))), 10)  # fmt: skip
         assert "no region number is used by two clusters" in fine.stdout
+        # A mistyped cluster name is not a quiet cluster: it is named, and the exit status says so.
+        typo = status((one, "r1"), (two, "r22"))
+        assert typo.returncode == 1, typo.stdout
+        assert "UNKNOWN: cluster 'r22' is unknown to etcd at" in typo.stdout and "--cluster right?" in typo.stdout
         # Region 1's etcd goes away for good: region 2 does not notice.
         one.stop()
         with r2.client() as c:
