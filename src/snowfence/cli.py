@@ -1036,8 +1036,9 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
 
 
 def _nodes_refusing(config) -> list[str]:
-    """What the cluster's live nodes (their etcd entries) report of a store that went back,
-    each asked for STATUS once; a node that does not answer says nothing."""
+    """What the cluster's live nodes report of a store that went back: in their etcd entries
+    (``store_problem``); a node of an older release, whose entry does not say, is asked for
+    STATUS once, and says nothing if it does not answer."""
     from .clients.blocking import Client
 
     try:
@@ -1046,6 +1047,10 @@ def _nodes_refusing(config) -> list[str]:
         return []
     said = []
     for entry in entries:
+        if "store_problem" in entry:
+            if entry["store_problem"]:
+                said.append(f"node {entry.get('node')} refuses it: {entry['store_problem']}")
+            continue
         if not entry.get("endpoints"):
             continue
         try:

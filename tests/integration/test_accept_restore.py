@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from nodes import etcd_args
+import orjson
+from nodes import FAST_LEASES, etcd_args, wait_for
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -31,3 +32,30 @@ def test_etcd_dry_run_and_a_healthy_store_refused_without_force(etcd):
     p = cli(*common, "--force")
     assert p.returncode == 0 and "accepted restore" in p.stdout, p.stdout + p.stderr
     assert etcd.ctl("get", "--prefix", "/snowfence/healthy/").stdout != layout
+
+
+def test_a_node_that_takes_only_curve_clients_is_heard_refusing_through_its_etcd_entry(nodes, etcd, tmp_path):
+    # accept-restore asks whether live nodes refuse the store; a node with CURVE on does not
+    # answer a command without a key, so the refusal travels in its membership entry.
+    keys = tmp_path / "keys"
+    assert cli("keygen", "server", "--dir", str(keys)).returncode == 0
+    (tmp_path / "allow").mkdir()
+    curve = ("--curve-secret-key", str(keys / "server.key_secret"), "--curve-allow", str(tmp_path / "allow"))
+    common = etcd_args(etcd, "curved", *FAST_LEASES)
+    node = nodes.start("a", workers=1, args=(*common, *curve, "--node-name", "a"))
+    prefix = "/snowfence/curved/"
+    # The node's STATUS takes CURVE clients only: look in etcd.
+    wait_for(lambda: etcd.get_prefix(prefix + "workers/"), 30, what="a worker ID held")
+    layout = etcd.get_prefix(prefix + "layout")[prefix + "layout"]
+    assert etcd.ctl("del", "--prefix", prefix).returncode == 0
+
+    def refusing():
+        entry = etcd.get_prefix(prefix + "nodes/").get(prefix + "nodes/a")
+        return entry and orjson.loads(entry).get("store_problem")
+
+    wait_for(refusing, 30, interval_s=0.5, what="the node to refuse the emptied store, in its entry")
+    # The layout record put back: nothing in etcd itself shows that the store went back.
+    assert etcd.ctl("put", prefix + "layout", layout).returncode == 0
+    p = cli("accept-restore", "--reason", "checking", "--dry-run", *common)
+    assert p.returncode == 0 and "went back (node a refuses it:" in p.stdout, p.stdout + p.stderr
+    assert node.group_alive()

@@ -468,6 +468,11 @@ class Node:
             "clock_offsets_ms": {
                 ep: round(o["offset_s"] * 1000, 3) for ep, o in (self.peers.describe() if self.peers else {}).items()
             },
+            # Why this node refuses claims, if it does (the store went back): `accept-restore`
+            # reads it here, from etcd, where it cannot ask a node that takes only CURVE clients.
+            "store_problem": next(
+                (link.status.store_problem for link in routing.links.values() if link.status.store_problem), None
+            ),
         }
 
     def nodes(self) -> dict:
