@@ -1037,8 +1037,9 @@ def cmd_accept_restore(args: argparse.Namespace) -> int:
 
 def _nodes_refusing(config) -> list[str]:
     """What the cluster's live nodes report of a store that went back: in their etcd entries
-    (``store_problem``); a node of an older release, whose entry does not say, is asked for
-    STATUS once, and says nothing if it does not answer."""
+    (``store_problem``, which a node that takes only CURVE clients can tell), and, from a node
+    whose entry says nothing (written before it found out, or by an older release), in its
+    STATUS, asked once; a node that does not answer says nothing."""
     from .clients.blocking import Client
 
     try:
@@ -1047,9 +1048,8 @@ def _nodes_refusing(config) -> list[str]:
         return []
     said = []
     for entry in entries:
-        if "store_problem" in entry:
-            if entry["store_problem"]:
-                said.append(f"node {entry.get('node')} refuses it: {entry['store_problem']}")
+        if entry.get("store_problem"):
+            said.append(f"node {entry.get('node')} refuses it: {entry['store_problem']}")
             continue
         if not entry.get("endpoints"):
             continue
