@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import random
+import threading
 import time
 from collections.abc import Callable
 
@@ -111,6 +112,7 @@ class Connection:
         #: Clients rebuilt away from, each closed once the calls in flight on it (other
         #: threads': a worker's keepers share its connection) have had their deadline.
         self._retired: list[tuple[object, int]] = []
+        self._retired_lock = threading.Lock()
 
     def _current_client(self):
         if self._retired:
@@ -188,20 +190,19 @@ class Connection:
         if client is not None:
             # Not closed at once: other threads may have calls in flight on it, which
             # closing its channel would fail ("Channel closed!"); their deadline bounds them.
-            self._retired.append((client, _mono_ns() + int(self.timeout_s * 2e9)))
+            with self._retired_lock:
+                self._retired.append((client, _mono_ns() + int(self.timeout_s * 2e9)))
 
     def _close_retired(self, now_ns: int | None = None) -> None:
         """Close the retired clients whose grace has passed (``None``: every one)."""
-        keep = []
-        for client, until_ns in self._retired:
-            if now_ns is not None and now_ns < until_ns:
-                keep.append((client, until_ns))
-                continue
+        with self._retired_lock:  # the keepers of a worker share the connection
+            due = [c for c, until_ns in self._retired if now_ns is None or now_ns >= until_ns]
+            self._retired = [(c, u) for c, u in self._retired if c not in due]
+        for client in due:
             try:
                 client.close()
             except Exception:
                 pass
-        self._retired = keep
 
     def close(self) -> None:
         self._rebuild()
