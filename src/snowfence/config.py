@@ -9,6 +9,7 @@ Precedence: defaults < TOML file < environment < flags.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import math
 import os
@@ -774,3 +775,17 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)}")
     return data
+
+
+def missing_modules(names: tuple[str, ...]) -> list[str]:
+    """Which of the top-level modules ``names`` are not installed (looks, without importing):
+    what an optional extra brings, checked before the code that imports it runs."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing

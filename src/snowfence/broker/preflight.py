@@ -26,13 +26,12 @@ clock that may have stepped since.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 
 import orjson
 
-from ..config import Config
+from ..config import Config, missing_modules
 from ..errors import ConfigError, EtcdUnavailable, LayoutMismatch, StateDirError
 from ..ids import format_unix_ms
 from ..store.genesis import Genesis
@@ -52,14 +51,7 @@ def require_server() -> None:
     'snowfence[server]'``. Looks, without importing, so that it can run before
     the broker's modules (which import them) are imported.
     """
-    missing = []
-    for name in SERVER_MODULES:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(name)
+    missing = missing_modules(SERVER_MODULES)
     if missing:
         raise ConfigError(
             f"a node needs the server extra, which is not installed (no {', '.join(missing)}): "

@@ -14,13 +14,12 @@ where the library's errors become :class:`~snowfence.errors.EtcdUnavailable`.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import random
 import threading
 import time
 from collections.abc import Callable
 
-from ..config import Config, etcd_endpoint
+from ..config import Config, etcd_endpoint, missing_modules
 from ..errors import ConfigError, EtcdUnavailable, SnowfenceError
 from . import keys
 
@@ -40,14 +39,7 @@ def require_client() -> None:
     It is an optional dependency (``pip install 'snowfence[etcd]'``): clients,
     ``decode`` and embedded mode never need it. Looks, without importing.
     """
-    missing = []
-    for name in CLIENT_MODULES:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(name)
+    missing = missing_modules(CLIENT_MODULES)
     if missing:
         raise ConfigError(
             f"etcd mode needs the etcd client, which is not installed (no {', '.join(missing)}): "
