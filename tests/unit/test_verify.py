@@ -240,6 +240,46 @@ def test_every_format_reads_the_same_ids_by_name_and_by_detection(tmp_path, caps
         assert s["duplicates"]["examples"][0]["id"] == str(ids[99])
 
 
+@pytest.mark.parametrize("engine", ["numpy", "plain"])
+@pytest.mark.parametrize("fmt", ["uuid", "base32"])
+def test_the_uuid_and_base32_dumps_reserve_writes_are_read_by_name_and_by_detection(
+    tmp_path, capsys, monkeypatch, fmt, engine
+):
+    if engine == "plain":
+        monkeypatch.setattr(verify, "_numpy", lambda: None)
+    from snowfence.cli import _uuid_writer, _write_base32
+    from snowfence.clients.core import Block
+
+    monkeypatch.setattr(verify, "TEXT_CHUNK", 1000)  # words cut across reads
+    ids = dump()
+    ids[100] = ids[99]
+    out = io.BytesIO()
+    writer = _uuid_writer(L) if fmt == "uuid" else _write_base32
+    for i in ids:  # as `snowfence reserve --format uuid|base32` writes them, one block at a time
+        writer(out, Block(i, 1), False)
+    path = tmp_path / f"d.{fmt}"
+    path.write_bytes(out.getvalue())
+    for flag in ("auto", fmt):
+        status, s = summary(capsys, str(path), "--format", flag)
+        assert status == 1 and s["ids"] == len(ids) and s["duplicates"]["count"] == 1, s
+        assert s["inputs"] == [{"name": str(path), "format": fmt, "ids": len(ids)}]
+        assert s["duplicates"]["examples"][0]["id"] == str(ids[99])
+    # A word that is not one: its line, and what it was read as.
+    lines = out.getvalue().splitlines()
+    lines[2000] = lines[2000][:-1] + b"U"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    status, out_text, err = run(capsys, str(path))
+    assert status == 78 and not out_text and err.count("\n") == 1, err
+    assert f"{path}: line 2001: " in err and f"(read as {fmt}; see --format)" in err, err
+
+
+def test_uuids_of_another_layout_are_refused_by_name(tmp_path, capsys):
+    other = Layout(epoch_ms=L.epoch_ms, time_bits=40, region_bits=4, worker_bits=7, sequence_bits=12)
+    (tmp_path / "u.txt").write_text("".join(f"{other.to_uuid(i)}\n" for i in dump(count=10, layout=other)))
+    status, _, err = run(capsys, str(tmp_path / "u.txt"))
+    assert status == 78 and "line 1:" in err and "(read as uuid" in err, err
+
+
 def test_json_of_numbers_and_text_with_several_ids_per_line(tmp_path, capsys):
     ids = dump(count=10)
     (tmp_path / "n.json").write_text(" [ " + ", ".join(map(str, ids)) + " ]\n")
@@ -253,7 +293,7 @@ def test_text_parsing_is_exact_over_chunk_boundaries(tmp_path, capsys, monkeypat
     monkeypatch.setattr(verify, "TEXT_CHUNK", 37)
     values = [0, 1, 9, 10, 123456789012345678, (1 << 63) - 1, 10**18, 999999999999999999] * 3000
     (tmp_path / "v.txt").write_text("\n".join(map(str, values)) + "\n")  # past the 64 KiB read to detect the format
-    parts = verify._read(np, verify._open(str(tmp_path / "v.txt"), []), "text")
+    parts = verify._read(np, verify._open(str(tmp_path / "v.txt"), []), "text", L)
     assert np.concatenate(parts).tolist() == values
 
 
@@ -299,18 +339,22 @@ def test_stdin_with_dash_and_with_no_file(tmp_path, capsys, fmt):
         (b"[1, 2]", "text", "not a decimal ID"),
     ],
 )
-def test_input_that_cannot_be_read_exits_78_with_one_line(tmp_path, capsys, content, fmt, needle):
+@pytest.mark.parametrize("engine", ["numpy", "plain"])
+def test_input_that_cannot_be_read_exits_78_with_one_line(tmp_path, capsys, monkeypatch, engine, content, fmt, needle):
+    if engine == "plain":
+        monkeypatch.setattr(verify, "_numpy", lambda: None)
     (tmp_path / "bad").write_bytes(content)
     status, out, err = run(capsys, str(tmp_path / "bad"), "--format", fmt)
     assert status == 78 and not out
     assert len(err.splitlines()) == 1 and needle in err and str(tmp_path / "bad") in err, err
 
 
-def test_a_missing_or_unreadable_file_is_one_line(tmp_path, capsys):
+def test_a_missing_or_unreadable_file_is_one_line_and_exit_78_not_problems_found(tmp_path, capsys):
+    # 1 means "problems found": an input that cannot be read is a bad argument, as --help says.
     status, out, err = run(capsys, str(tmp_path / "nope.bin"))
-    assert status == 1 and not out and err.count("\n") == 1 and "nope.bin" in err and "No such file" in err
+    assert status == 78 and not out and err.count("\n") == 1 and "nope.bin" in err and "No such file" in err
     status, out, err = run(capsys, str(tmp_path))
-    assert status == 1 and err.count("\n") == 1 and "directory" in err
+    assert status == 78 and err.count("\n") == 1 and "directory" in err
 
 
 @pytest.mark.parametrize(
@@ -339,16 +383,113 @@ def test_no_file_and_a_terminal_on_stdin_is_a_usage_error(capsys):
     assert status == 78 and "give FILEs" in capsys.readouterr().err
 
 
-def test_without_numpy_verify_says_how_to_install_it(tmp_path):
-    path = write(tmp_path / "d.bin", dump(count=10))
+def test_without_numpy_verify_checks_in_plain_python_with_the_same_summary(tmp_path, capsys):
+    ids = dump(count=500)
+    ids[300] = ids[10]  # a duplicate
+    ids[7], ids[8] = ids[8], ids[7]  # out of order
+    path = write(tmp_path / "d.bin", ids)
     env = blocking_env(tmp_path, "numpy")
     p = subprocess.run(
-        [sys.executable, "-m", "snowfence", "verify", str(path)], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-m", "snowfence", "verify", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
-    assert p.returncode == 78 and p.stderr.strip() == "snowfence: verify needs NumPy: pip install 'snowfence[verify]'"
-    # The other commands do not need it.
-    p = subprocess.run([sys.executable, "-m", "snowfence", "decode", "0"], capture_output=True, env=env, timeout=60)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1 and not p.stderr, p.stderr
+    status, with_numpy = summary(capsys, str(path))
+    assert status == 1 and comparable(orjson.loads(p.stdout)) == comparable(with_numpy)
+    assert with_numpy["duplicates"]["count"] == 1 and with_numpy["out_of_order"]["count"] >= 1
+
+
+def comparable(s: dict) -> dict:
+    """A summary without its timing, its examples in one order (two of one ID for two reasons may come either way)."""
+    s = dict(s, seconds=None)
+    for kind in ("invalid", "out_of_order", "outside_range"):
+        if s.get(kind):
+            s[kind] = dict(s[kind], examples=sorted(s[kind]["examples"], key=orjson.dumps))
+    return s
+
+
+@pytest.fixture
+def pure(monkeypatch):
+    """verify as on a host without NumPy."""
+    monkeypatch.setattr(verify, "_numpy", lambda: None)
+
+
+def _planted(tmp_path) -> list:
+    """Dumps with every kind of problem, in every format the vectorised path reads."""
+    sharded = Layout(epoch_ms=L.epoch_ms, time_bits=41, region_bits=3, worker_bits=5, sequence_bits=12, shard_bits=2)
+    ids = dump(count=3000, worker_ids=5)
+    ids[100] = ids[99]
+    ids[1500], ids[1501] = ids[1501], ids[1500]
+    ids[2000] = L.compose(NOW_MS + 10 * 86_400_000, 1, 1, 1)  # from the future
+    ids[2001] = -5
+    ids[2002] = ids[0] - (1 << 40)  # long before --since
+    other = dump(count=700, worker_ids=2)
+    shard = dump(count=300, worker_ids=2, layout=sharded)
+    shard[5] ^= 1 << sharded.shard_shift
+    first = L.compose(NOW_MS, 0, 3, 0)
+    (tmp_path / "b.txt").write_text(f"{first} 100\n{first + 99} 2\n")
+    return [
+        (
+            [str(write(tmp_path / "a.bin", ids)), str(write(tmp_path / "o.txt", other, "text"))],
+            ["--since", str(NOW_MS + L.epoch_ms - 100_000)],
+        ),
+        (
+            [str(write(tmp_path / "a.json", ids, "json")), str(write(tmp_path / "o.json", other, "json"))],
+            ["--no-order"],
+        ),
+        (
+            [str(write(tmp_path / "s.bin", shard))],
+            [f"--{k.replace('_', '-')}={v}" for k, v in sharded.to_dict().items() if k.endswith("_bits")],
+        ),
+        ([str(tmp_path / "b.txt")], ["--format", "blocks"]),
+        (
+            [str(write(tmp_path / "r.txt", ids, "text"))],
+            ["--from", str(NOW_MS + L.epoch_ms + 5), "--to", str(NOW_MS + L.epoch_ms + 20)],
+        ),
+    ]
+
+
+def test_plain_python_finds_what_numpy_finds(tmp_path, capsys, monkeypatch):
+    cases, seen = _planted(tmp_path), []
+    for names, flags in cases:
+        argv = [*names, *flags, "--examples", "10000"]
+        with_numpy = summary(capsys, *argv)
+        with monkeypatch.context() as m:
+            m.setattr(verify, "_numpy", lambda: None)
+            without = summary(capsys, *argv)
+        assert with_numpy[0] == without[0] == 1, argv
+        assert comparable(with_numpy[1]) == comparable(without[1]), argv
+        seen.append(with_numpy[1])
+    # Between them the cases trip every check.
+    assert all(sum(s["invalid"][kind] for s in seen) for kind in ("not_63_bit", "future", "before_since", "shard"))
+    assert all(sum((s[kind] or {"count": 0})["count"] for s in seen) for kind in ("out_of_order", "outside_range"))
+    assert sum(s["duplicates"]["count"] for s in seen) and sum(s["worker_ids"]["count"] for s in seen)
+
+
+def test_plain_python_parses_text_exactly_as_numpy(tmp_path):
+    tokens = [
+        "0",
+        "-0",
+        "7",
+        str((1 << 63) - 1),
+        str(1 << 63),
+        str((1 << 64) - 1),
+        "99999999999999999999",
+        "-1",
+        "-" + str(1 << 63),
+        "-" + str((1 << 64) - 1),
+        "123456789012345678901234",
+        "0000000000000000000042",
+    ]
+    (tmp_path / "t.txt").write_text(" ".join(tokens) + "\n")
+    (tmp_path / "t.json").write_text("[" + ", ".join(f'"{t}"' for t in tokens) + "]")
+    for name, fmt in (("t.txt", "text"), ("t.json", "json")):
+        vectorised = np.concatenate(verify._read(np, verify._open(str(tmp_path / name), []), fmt, L)).tolist()
+        plain = [i for part in verify._read(None, verify._open(str(tmp_path / name), []), fmt, L) for i in part]
+        assert plain == vectorised, name
 
 
 def test_the_text_summary_names_examples_and_worker_ids(tmp_path, capsys):
