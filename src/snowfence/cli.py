@@ -424,9 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
         "completion",
         help='Print a shell completion script for every command and flag: eval "$(snowfence completion bash)".',
         description="Prints a completion script made from this command line's own parser, so it lists every "
-        'command and flag of this version. Bash: add `eval "$(snowfence completion bash)"` to ~/.bashrc.',
+        'command and flag of this version. Bash: add `eval "$(snowfence completion bash)"` to ~/.bashrc. Zsh: '
+        'add `eval "$(snowfence completion zsh)"` to ~/.zshrc after compinit (or save it as _snowfence in a '
+        "directory of $fpath). Fish: `snowfence completion fish > ~/.config/fish/completions/snowfence.fish`.",
     )
-    completion.add_argument("shell", choices=["bash"], help="The shell to complete in.")
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"], help="The shell to complete in.")
 
     return parser
 
@@ -438,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 0
+        if args.command != "serve":  # serve logs it (cmd_serve)
+            for line in config_mod.unknown_env():
+                print(f"snowfence: warning: {line}", file=sys.stderr)
         return globals()[f"cmd_{args.command.replace('-', '_')}"](args)
     except StateDirError as exc:
         print(f"snowfence: {exc}", file=sys.stderr)
@@ -474,6 +479,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _load_config(args)
     setup(config.log_level, config.log_format, role="broker")
+    import logging
+
+    from .logs import event
+
+    for line in config_mod.unknown_env():
+        event(logging.getLogger("snowfence.broker"), "unknown_environment", line, level=logging.WARNING)
     return serve(config)
 
 
@@ -495,8 +506,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for message in warnings:
         print(f"snowfence: warning: {message}", file=sys.stderr)
     # TOML, so that the output can become a config file; the source of each setting as a comment.
+    # A secret's mask fed back would be taken for the secret: it is shown commented out.
     lines = [
-        (f"{name} = {orjson.dumps(value).decode()}", _source(name, sources[name], config))
+        (
+            f"# {name} = (set, not shown)" if value == config_mod.MASK else f"{name} = {orjson.dumps(value).decode()}",
+            _source(name, sources[name], config),
+        )
         for name, value in shown.items()
     ]
     width = max(len(setting) for setting, _ in lines)
@@ -696,7 +711,7 @@ def _read_id(text: str, layout) -> int:
     the length), a UUIDv7 of ``layout`` (36 characters with dashes, or 32 hex digits), or 13
     characters of base32. Raises ``ValueError`` with one line saying why not."""
     word = text.strip()
-    if word.isdigit():
+    if word.isascii() and word.isdigit():  # str.isdigit and int() take other scripts' digits too
         try:
             return int(word)  # decompose checks the range
         except ValueError:  # digits int() does not read, e.g. superscripts
@@ -825,8 +840,81 @@ def completion_bash(parser: argparse.ArgumentParser) -> str:
     )
 
 
+def _commands_and_flags(parser: argparse.ArgumentParser):
+    """(top-level flags, {command: (its one-line help, its flags)}) of ``parser``, as the scripts list them."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help or "" for a in sub._choices_actions}
+    top = [o for a in parser._actions for o in a.option_strings]
+    commands = {
+        name: (helps.get(name, ""), sorted({o for a in command._actions for o in a.option_strings}))
+        for name, command in sub.choices.items()
+    }
+    return top, commands
+
+
+def completion_zsh(parser: argparse.ArgumentParser) -> str:
+    """A zsh completion script for ``parser``: its commands, each command's flags, files for the rest. Works
+    eval'd (after compinit) and as an autoloaded ``_snowfence`` in ``$fpath``."""
+    top, commands = _commands_and_flags(parser)
+    cases = [f"        {name}) opts=({' '.join(flags)}) ;;" for name, (_, flags) in commands.items()]
+    return "\n".join(
+        [
+            "#compdef snowfence",
+            "# zsh completion for snowfence, made by `snowfence completion zsh`",
+            "_snowfence() {",
+            '    local cmd="" i',
+            "    local -a opts",
+            "    for ((i = 2; i < CURRENT; i++)); do",
+            '        case "${words[i]}" in -*) ;; *) cmd="${words[i]}"; break ;; esac',
+            "    done",
+            '    case "$cmd" in',
+            f'        "") opts=({" ".join([*commands, *top])}) ;;',
+            *cases,
+            "        *) opts=() ;;",
+            "    esac",
+            '    if [[ -z "$cmd" || "${words[CURRENT]}" == -* ]]; then',
+            '        compadd -- "${opts[@]}"',
+            "    else",
+            "        _files",
+            "    fi",
+            "}",
+            'if [[ "${zsh_eval_context[-1]}" == loadautofunc ]]; then',
+            '    _snowfence "$@"',
+            "else",
+            "    compdef _snowfence snowfence",
+            "fi",
+            "",
+        ]
+    )
+
+
+def _fish_quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def completion_fish(parser: argparse.ArgumentParser) -> str:
+    """A fish completion script for ``parser``: each command (with its help), and each command's flags."""
+    top, commands = _commands_and_flags(parser)
+    lines = ["# fish completion for snowfence, made by `snowfence completion fish`", "complete -c snowfence -e"]
+
+    def flag(option: str) -> str:
+        return f"-l {option[2:]}" if option.startswith("--") else f"-s {option[1:]}"
+
+    for option in top:
+        lines.append(f"complete -c snowfence -n __fish_use_subcommand {flag(option)}")
+    for name, (text, flags) in commands.items():
+        described = f" -d {_fish_quote(text.rstrip('.'))}" if text else ""
+        lines.append(f"complete -c snowfence -n __fish_use_subcommand -f -a {name}{described}")
+        seen = _fish_quote(f"__fish_seen_subcommand_from {name}")
+        lines.extend(f"complete -c snowfence -n {seen} {flag(option)}" for option in flags)
+    return "\n".join(lines) + "\n"
+
+
+COMPLETIONS = {"bash": completion_bash, "zsh": completion_zsh, "fish": completion_fish}
+
+
 def cmd_completion(args: argparse.Namespace) -> int:
-    sys.stdout.write(completion_bash(build_parser()))
+    sys.stdout.write(COMPLETIONS[args.shell](build_parser()))
     return 0
 
 
@@ -837,7 +925,12 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
     if not args.name or args.name.startswith(".") or "/" in args.name or "\0" in args.name:
         raise ConfigError(f"key name {args.name!r} must be a plain file name (the files go in --dir)")
-    os.makedirs(args.dir, exist_ok=True)
+    if os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        raise ConfigError(f"--dir {args.dir} is not a directory")
+    try:
+        os.makedirs(args.dir, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--dir {args.dir} cannot be made: {exc.strerror or exc}") from None
     public, secret = (os.path.join(args.dir, args.name + suffix) for suffix in (".key", ".key_secret"))
     # A server key that is replaced locks out every client that has its public key.
     existing = [path for path in (public, secret) if os.path.lexists(path)]

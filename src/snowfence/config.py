@@ -9,6 +9,7 @@ Precedence: defaults < TOML file < environment < flags.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import ipaddress
 import math
@@ -221,9 +222,9 @@ class Config:
         metavar="DIR",
     )
     curve_allow_poll_s: float = setting(
-        0.0,
+        1.0,
         "Look at the curve_allow directory this often (seconds) and take a changed list of keys at once, "
-        "for new connections; 0 reads it once, at start.",
+        "for new connections (a key taken off is turned away within about this long); 0 reads it once, at start.",
         metavar="S",
     )
     curve_next_secret_key: str = setting(
@@ -681,7 +682,9 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
                 raise ValueError
             return float(value)
         if kind == "str":
-            if isinstance(value, bool):
+            if isinstance(value, (list, tuple)) and f.name == "bind":
+                raise ConfigError(_one_bind(value))
+            if isinstance(value, (bool, list, tuple, dict)):  # a TOML list or table is not its text
                 raise ValueError
             return str(value)
         if kind == "bool":
@@ -707,8 +710,33 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
+def _one_bind(value) -> str:
+    """What a list given for ``bind`` is told: what ``--bind a,b`` is told (preflight.py)."""
+    return (
+        f"bind {value!r} is a list; a node binds one endpoint: run a node for each, and give clients every "
+        "node's endpoint (or let them discover the cluster's nodes)"
+    )
+
+
 def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
+
+
+#: The ``SNOWFENCE_*`` variables read besides the settings' own: the config file, the client
+#: commands' endpoint and keys (cli.py), the workers' fault hooks (workers/main.py).
+OTHER_ENV = ("CONFIG", "CONNECT", "SERVER_KEY", "CLIENT_KEY", "FAULT_HOOKS")
+
+
+def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each ``SNOWFENCE_*`` variable that nothing reads (a typo, say), naming a close match."""
+    env = os.environ if env is None else env
+    known = sorted({name.upper() for name in FIELDS} | set(OTHER_ENV))
+    lines = []
+    for name in sorted(n for n in env if n.startswith(ENV_PREFIX) and n[len(ENV_PREFIX) :] not in known):
+        close = difflib.get_close_matches(name[len(ENV_PREFIX) :], known, n=1, cutoff=0.75)
+        hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""
+        lines.append(f"{name} is not a snowfence variable and is ignored{hint}")
+    return lines
 
 
 def flag_name(name: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 _SITECUSTOMIZE = """
 import os, sys
 
-_BLOCKED = set(os.environ.get("SNOWFENCE_TEST_BLOCK_IMPORTS", "").split(","))
+_BLOCKED = set(os.environ.get("BLOCKIMPORT_MODULES", "").split(","))
 
 
 class _NotInstalled:
@@ -33,4 +33,4 @@ def blocking_env(tmp: Path, *packages: str) -> dict:
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "SNOWFENCE_TEST_BLOCK_IMPORTS": ",".join(packages)}
+    return {**os.environ, "PYTHONPATH": path, "BLOCKIMPORT_MODULES": ",".join(packages)}

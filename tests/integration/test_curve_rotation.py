@@ -133,6 +133,25 @@ def test_the_allow_list_changes_without_a_restart(nodes, keys, tmp_path):
     assert node.log().count("event=curve_allow_reloaded") == 2  # each change once, not every look
 
 
+def test_the_allow_list_is_read_again_by_default(nodes, keys, tmp_path):
+    """Without --curve-allow-poll-s a key added is let in and a key taken off turned away, in about a second."""
+    allow = tmp_path / "allow"
+    node = nodes.start(
+        workers=1,
+        bind="tcp://127.0.0.1:0",
+        args=("--curve-secret-key", str(keys / "server.key_secret"), "--curve-allow", str(allow)),
+    )
+    endpoint = node.wait_bound()
+    server = keys / "server.key"
+    wait_for(lambda: served(endpoint, server, keys / "alice.key_secret"), 20, what="alice served")
+    assert not served(endpoint, server, keys / "bob.key_secret", timeout_s=0.5)
+    shutil.copy(keys / "bob.key", allow / "bob.key")
+    (allow / "alice.key").unlink()
+    wait_for(lambda: "1 added, 1 removed" in node.log(), 5, what="the reload logged")
+    assert served(endpoint, server, keys / "bob.key_secret")
+    assert not served(endpoint, server, keys / "alice.key_secret", timeout_s=0.5)
+
+
 def test_a_second_server_key_on_a_second_endpoint(nodes, keys, tmp_path):
     node = nodes.start(
         workers=1,

@@ -201,6 +201,7 @@ def test_curve_denials_are_logged_once_per_interval_counted_and_named_to_the_cli
     # Many denials (a denied client keeps reconnecting), one line per 10 s.
     assert len(lines) == 1, lines
     assert print_ in lines[0] and "127.0.0.1" in lines[0] and "not in" in lines[0], lines[0]
+    assert public.decode() not in lines[0], lines[0]  # the fingerprint only, never the key
 
 
 def test_bench_plot_without_matplotlib_fails_before_the_run(tmp_path):

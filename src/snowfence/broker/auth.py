@@ -186,8 +186,7 @@ class Gatekeeper(ThreadAuthenticator):
                 "not_allowed",
                 f"CURVE: turned away {peer}: client key {key} is not in {self.allow_dir}",
                 peer=peer,
-                key_fingerprint=key,
-                client_key=z85.encode(client_key).decode(),
+                key_fingerprint=key,  # the key itself never: a log is no place to copy keys from
             )
         return allowed, reason
 

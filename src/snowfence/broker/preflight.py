@@ -181,9 +181,48 @@ def check_state_dir(path: str, *, create: bool = True, what: str = "state direct
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise StateDirError(f"{what} {path} is not usable: {existing} is not a directory")
+    where = "it" if existing == os.path.abspath(path) else f"{existing}, where it would be made,"
     if not os.access(existing, os.W_OK | os.X_OK):
-        where = "it" if existing == os.path.abspath(path) else f"{existing}, where it would be made,"
         raise StateDirError(f"{what} {path} is not usable: {where} is not writable")
+    # Root passes os.access anywhere; serve's mkdir and probe file still fail on these.
+    kernel = KERNEL_FILESYSTEMS.get(_filesystem_type(existing))
+    if kernel or os.statvfs(existing).f_flag & os.ST_RDONLY:
+        on = f"the kernel's {kernel} filesystem" if kernel else "a read-only filesystem"
+        raise StateDirError(f"{what} {path} is not usable: {where} is on {on}, where nothing can be written")
+
+
+def _filesystem_type(path: str) -> int | None:
+    """statfs(2) f_type of the filesystem holding ``path``; None if it cannot be read. (The store has its
+    own, for the filesystems it refuses; the layers keep the broker from importing the embedded store.)"""
+    import ctypes
+
+    try:
+        statfs = ctypes.CDLL(None, use_errno=True).statfs
+    except (OSError, AttributeError):
+        return None
+    buf = ctypes.create_string_buffer(512)  # larger than struct statfs on any ABI
+    if statfs(os.fsencode(path), buf) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # f_type is the first field
+
+
+#: statfs(2) f_type of the kernel's own filesystems (linux/magic.h): no state can be kept there, by root either.
+KERNEL_FILESYSTEMS = {
+    0x9FA0: "proc",
+    0x62656572: "sysfs",
+    0x27E0EB: "cgroup",
+    0x63677270: "cgroup2",
+    0x64626720: "debugfs",
+    0x74726163: "tracefs",
+    0x73636673: "securityfs",
+    0xCAFE4A11: "bpf",
+    0x1CD1: "devpts",
+    0x6165676C: "pstore",
+    0x62656570: "configfs",
+    0xDE5E81E4: "efivarfs",
+    0x19800202: "mqueue",
+    0x42494E4D: "binfmt_misc",
+}
 
 
 def etcd_version_problem(version: str) -> str | None:
