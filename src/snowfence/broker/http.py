@@ -41,6 +41,7 @@ There is no HTTP door with CURVE: it has neither encryption nor authentication
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import select
 import socket
@@ -242,6 +243,38 @@ class _TooLarge(Exception):
         self.status = status
 
 
+class _NotHttp1(Exception):
+    """A request line of another version (HTTP/0.9's has none): answered 400, then the end."""
+
+
+def _json_object(body: bytes) -> dict:
+    """A POST body as a JSON object, as strict as a query string: a name given twice is refused, and so
+    are NaN and Infinity (stdlib json, unlike orjson, shows the duplicates; a body is at most 1 KiB)."""
+
+    def pairs(items: list) -> dict:
+        out = {}
+        for key, value in items:
+            if key in out:
+                raise BadRequest(f"{key!r} is given twice in the JSON body")
+            out[key] = value
+        return out
+
+    def constant(name: str):
+        raise BadRequest(f"{name} is not a JSON number")
+
+    try:
+        data = json.loads(body, object_pairs_hook=pairs, parse_constant=constant)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        data = None
+    if not isinstance(data, dict):
+        raise BadRequest('a POST body is a JSON object: {"count": N, "blocks": true}')
+    return data
+
+
+#: The type each parameter has in a JSON body (in a query every value is text).
+_BODY_TYPES = {"count": (int, "an integer"), "blocks": (bool, "true or false"), "format": (str, "a string")}
+
+
 class _Conn:
     """One HTTP connection: its parser's callbacks, and its requests in order."""
 
@@ -342,8 +375,11 @@ class _Conn:
     def on_message_complete(self) -> None:
         self.in_request = False
         parser = self.parser
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise _NotHttp1(f"not an HTTP/1.x request: HTTP/{version}")
         keep = parser.should_keep_alive()
-        ka10 = keep and parser.get_http_version() == "1.0"
+        ka10 = keep and version == "1.0"
         self.queue.append(self.door.route(parser.get_method(), self.url, self.body, not keep, ka10))
         self.active = True
 
@@ -453,6 +489,8 @@ class HttpDoor:
             cause = exc.__context__
             if isinstance(cause, _TooLarge):
                 self._refuse(conn, cause.status, FrameTooLarge(str(cause)))
+            elif isinstance(cause, _NotHttp1):
+                self._refuse(conn, 400, BadRequest(str(cause)))
             else:
                 raise
         except httptools.HttpParserError as exc:
@@ -550,15 +588,13 @@ class HttpDoor:
         else:
             params = _params(query)
         if body:
-            try:
-                data = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                raise BadRequest('a POST body is a JSON object: {"count": N, "blocks": true}') from None
-            if not isinstance(data, dict):
-                raise BadRequest('a POST body is a JSON object: {"count": N, "blocks": true}')
+            data = _json_object(body)
             for key, value in data.items():
                 if key in params:
                     raise BadRequest(f"{key} is given in both the query and the body")
+                kind, words = _BODY_TYPES.get(key, (type(value), ""))
+                if type(value) is not kind:  # not isinstance: true is no count
+                    raise BadRequest(f"{key} in a JSON body is {words}, got {orjson.dumps(value).decode()}")
                 params[key] = value
         unknown = set(params) - {"count", "blocks", "format"}
         if unknown:

@@ -249,6 +249,46 @@ def test_a_post_takes_its_parameters_in_the_query_or_a_json_body(served):
     assert d.status == 400 and d.json()["code"] == "bad_request"
 
 
+def test_a_json_body_is_as_strict_as_a_query(served):
+    core, door, loop, connect = served
+    sock = connect()
+    bad = [
+        b'{"count": 10, "count": 11}',  # a name twice, as ?count=10&count=11 is
+        b'{"count": "10"}',
+        b'{"count": 10.0}',
+        b'{"count": true}',
+        b'{"count": NaN}',
+        b'{"blocks": "true"}',
+        b'{"blocks": 1}',
+        b'{"format": 1}',
+        b'{"count": 2, "nested": {"a": 1, "a": 2}}',
+        b"\xff\xfe{}",
+    ]
+    for body in bad:
+        sock.sendall(get("/v1/ids", method="POST", body=body))
+    sock.sendall(get("/v1/ids", method="POST", body=b'{"count": 10, "blocks": false, "format": "decimal"}'))
+    rs = responses(sock, len(bad) + 1, loop)
+    for body, r in zip(bad, rs, strict=False):
+        assert r.status == 400 and r.json()["code"] == "bad_request", (body, r.body)
+    assert "twice" in rs[0].json()["message"] and "an integer" in rs[1].json()["message"], rs[1].body
+    assert rs[-1].status == 200 and len(rs[-1].json()["ids"]) == 10
+    assert core.reserves() == [10]
+
+
+@pytest.mark.parametrize(
+    "line", [b"GET /v1/ids\r\n\r\n", b"GET /v1/ids HTTP/0.9\r\n\r\n", b"GET /v1/ids HTTP/2.0\r\n\r\n"]
+)
+def test_a_request_line_of_another_http_version_is_400_then_the_end(served, line):
+    core, door, loop, connect = served
+    sock = connect()
+    sock.sendall(get("/v1/ids") + line + get("/v1/ids"))
+    a, b = responses(sock, 2, loop)
+    assert a.status == 200 and b.status == 400 and "not an HTTP/1.x request" in b.json()["message"], b.body
+    assert b.headers["connection"] == "close"
+    assert closed_by_peer(sock, loop)
+    assert core.reserves() == [1]
+
+
 def test_fewer_ids_than_asked_are_asked_for_again_until_all_are_granted(served):
     core, door, loop, connect = served
     core.grant = 1000
