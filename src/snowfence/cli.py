@@ -31,6 +31,7 @@ import orjson
 from . import __version__
 from . import config as config_mod
 from .clients.core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
+from .clients.core.blocks import MAX_RESERVE
 from .errors import ConfigError, EtcdUnavailable, SnowfenceError, StateDirError
 from .ids import BASE32_WIDTH, format_unix_ms, from_base32, to_base32
 from .protocol import MAX_BLOCK, endpoint_problem, with_scheme
@@ -239,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reserve.add_argument(
         "--chunk",
-        type=_number(int, 1, what="a count"),
+        type=_number(int, 1, MAX_RESERVE, what="a count"),
         default=1_000_000,
         metavar="N",
         help="IDs reserved per round while streaming (default 1,000,000).",

@@ -95,11 +95,23 @@ def test_dash_capital_v_prints_the_version(flag, capsys):
 
 @pytest.mark.parametrize(
     "n, error",
-    [(1.5, TypeError), ("3", TypeError), (True, TypeError), (0, ValueError), (-1, ValueError), (1 << 63, ValueError)],
+    [
+        (1.5, TypeError),
+        ("3", TypeError),
+        (True, TypeError),
+        (0, ValueError),
+        (-1, ValueError),
+        (1 << 63, ValueError),
+        (10**12, ValueError),  # hours of reserving, its memory growing: bounded, named
+        ((1 << 30) + 1, ValueError),
+    ],
 )
 def test_a_bad_count_is_a_type_or_value_error_for_both_clients(n, error):
     with Client("tcp://127.0.0.1:9", discover=False) as c:
         with pytest.raises(error):
+            c.reserve(n)
+    if isinstance(n, int) and n > 1:
+        with Client("tcp://127.0.0.1:9", discover=False) as c, pytest.raises(ValueError, match=r"1,073,741,824"):
             c.reserve(n)
 
     async def aio():

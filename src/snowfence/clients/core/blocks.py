@@ -67,8 +67,10 @@ class Block:
         return f"Block(first={self.first}, count={self.count})"
 
 
-#: More IDs than any layout holds (its widths sum to 63 bits).
-MAX_COUNT = (1 << 63) - 1
+#: The most IDs one ``reserve()`` returns. Its blocks are all held until it returns (one per
+#: 4,096 IDs or fewer), so 10**12 would run for hours with its memory growing: more is asked
+#: for in a loop of calls, or streamed with ``ids()``.
+MAX_RESERVE = 1 << 30
 
 
 def check_count(n: object) -> int:
@@ -76,8 +78,11 @@ def check_count(n: object) -> int:
     not one, raised before anything is sent, as Python's own functions do."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"count must be an integer, not {type(n).__name__}")
-    if not 1 <= n <= MAX_COUNT:
-        raise ValueError(f"count must be 1 .. 2**63-1, got {n}")
+    if not 1 <= n <= MAX_RESERVE:
+        raise ValueError(
+            f"count must be 1 .. {MAX_RESERVE:,} (2**30) per reserve() call, got {n:,}: reserve more in a loop, "
+            "or stream them with ids()"
+        )
     return n
 
 
