@@ -15,7 +15,7 @@ import csv
 import os
 import sys
 
-from snowfence import Client, as_array
+from snowfence import Client, SnowfenceError, as_array
 
 
 def main() -> int:
@@ -25,8 +25,12 @@ def main() -> int:
     parser.add_argument("--out", default="-")
     args = parser.parse_args()
 
-    with Client(args.connect.split(","), timeout_s=5.0) as client:
-        blocks = client.reserve(args.rows)  # blocks whose counts sum to --rows
+    try:
+        with Client(args.connect.split(","), timeout_s=5.0) as client:
+            blocks = client.reserve(args.rows)  # blocks whose counts sum to --rows
+    except SnowfenceError as exc:  # one line, not a traceback: the node is not there, say
+        print(f"bulk_loader: {exc.code}: {exc}", file=sys.stderr)
+        return 1
     ids = as_array(blocks)  # one flat array('q'); as_numpy(blocks) if NumPy is installed
 
     out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")

@@ -15,7 +15,7 @@ import asyncio
 import os
 import sys
 
-from snowfence import AsyncClient, decode
+from snowfence import AsyncClient, SnowfenceError, decode
 from snowfence.clients.aio import run
 
 
@@ -46,7 +46,11 @@ def main() -> int:
     parser.add_argument("--connect", default=os.environ.get("SNOWFENCE_CONNECT", "tcp://127.0.0.1:5555"))
     parser.add_argument("--events", type=int, default=100_000)
     args = parser.parse_args()
-    stamped = run(pipeline(args.connect.split(","), args.events))
+    try:
+        stamped = run(pipeline(args.connect.split(","), args.events))
+    except SnowfenceError as exc:  # one line, not a traceback: the node is not there, say
+        print(f"pipeline: {exc.code}: {exc}", file=sys.stderr)
+        return 1
     return 0 if stamped == args.events else 1
 
 

@@ -20,7 +20,7 @@ import sys
 import time
 from collections import Counter
 
-from snowfence import AsyncClient, WatermarkUnavailable, decode
+from snowfence import AsyncClient, SnowfenceError, WatermarkUnavailable, decode
 from snowfence.clients.aio import run
 
 WINDOW_MS = 1000
@@ -69,10 +69,17 @@ async def main_async(connect: list[str], seconds: float, producers: int) -> tupl
     async with AsyncClient(connect, timeout_s=2.0) as client:
         tasks = [asyncio.create_task(produce(client, log, stop)) for _ in range(producers)]
         closer = asyncio.create_task(close_windows(client, log, stop))
-        await asyncio.sleep(seconds)
-        stop.set()
-        await asyncio.gather(*tasks)
-        return await closer
+        try:
+            # Until the time is up, or a task fails (no node answering, say).
+            await asyncio.wait([*tasks, closer], timeout=seconds, return_when=asyncio.FIRST_EXCEPTION)
+            stop.set()
+            await asyncio.gather(*tasks)
+            return await closer
+        finally:  # the first error is the one raised; the others' are collected, not left unretrieved
+            stop.set()
+            for task in (*tasks, closer):
+                task.cancel()
+            await asyncio.gather(*tasks, closer, return_exceptions=True)
 
 
 def main() -> int:
@@ -81,7 +88,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--producers", type=int, default=4)
     args = parser.parse_args()
-    closed, late = run(main_async(args.connect.split(","), args.seconds, args.producers))
+    try:
+        closed, late = run(main_async(args.connect.split(","), args.seconds, args.producers))
+    except SnowfenceError as exc:  # one line, not a traceback: the node is not there, say
+        print(f"windows: {exc.code}: {exc}", file=sys.stderr)
+        return 1
     print(f"closed {closed} windows; late events: {late}", file=sys.stderr)
     return 0 if late == 0 else 1
 

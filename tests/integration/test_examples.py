@@ -87,3 +87,34 @@ def test_windows_close_on_the_watermark_and_no_event_comes_late(nodes):
     starts = [int(line.split()[1].rstrip(":")) for line in windows]
     assert starts == sorted(starts) and len(set(starts)) == len(starts)  # each second closed once, in order
     assert "late events: 0" in p.stderr
+
+
+def test_the_examples_say_in_one_line_that_no_node_answered():
+    """No node at the endpoint (a mistyped address, a node not started): one line naming the cause, not a
+    traceback. The three run at once: each waits out its timeout."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        runs = {
+            name: subprocess.Popen(
+                [sys.executable, str(EXAMPLES / name), "--connect", endpoint, *extra],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for name, extra in (
+                ("pipeline.py", ["--events", "10"]),
+                ("bulk_loader.py", ["--rows", "10"]),
+                ("windows.py", ["--seconds", "1"]),
+            )
+        }
+        for name, proc in runs.items():
+            try:
+                out, err = proc.communicate(timeout=60)
+            finally:
+                proc.kill()
+            assert proc.returncode == 1, (name, err)
+            assert "Traceback" not in err and err.count("\n") == 1, (name, err)
+            assert err.startswith(f"{name[:-3]}: timeout: ") and endpoint in err, (name, err)
