@@ -214,12 +214,18 @@ def test_a_second_cluster_in_a_region_of_the_same_etcd_is_refused_by_name_and_st
         seen = [blk for _ in range(20) for blk in client.reserve(4096)]
     assert b.proc.wait(20) == 78
     assert "region 1 of this etcd is claimed by cluster 'c1', not 'c2'" in b.log()
-    # It claimed nothing (its broker noted the region its nodes use, which status flags).
-    assert not [
-        k
-        for k in etcd.get_prefix("/snowfence/c2/")
-        if not k.startswith(("/snowfence/c2/regions/", "/snowfence/c2/nodes/"))
-    ]
+    # Refused before it bound anything or said it serves (no "serving on", no READY=1, no watermark
+    # warning), and check-config refuses it the same way.
+    assert "serving" not in b.log() and "watermark" not in b.log(), b.log()
+    checked = subprocess.run(
+        [sys.executable, "-m", "snowfence", "check-config", *etcd_args(etcd, "c2", *TWO_IN_REGION_1)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 78 and "claimed by cluster 'c1', not 'c2'" in checked.stderr, checked.stderr
+    # It wrote nothing.
+    assert not list(etcd.get_prefix("/snowfence/c2/"))
     check_blocks([[(blk.first, blk.count) for blk in seen]], REGION_1_LAYOUT)
 
     def status(name):
@@ -228,9 +234,9 @@ def test_a_second_cluster_in_a_region_of_the_same_etcd_is_refused_by_name_and_st
 
     shown = status("c1")
     assert shown.returncode == 0 and "region claims of this etcd (region cluster): 1 c1" in shown.stdout
-    flagged = status("c2")
+    flagged = status("c2")  # the mistyped name: nothing of it in etcd, and who claims regions there
     assert flagged.returncode == 1, flagged.stdout + flagged.stderr
-    assert "CONFLICT: region 1, which nodes of cluster 'c2' used, is claimed by cluster 'c1'" in flagged.stdout
+    assert "cluster 'c2' is unknown to etcd" in flagged.stderr and "region claims there: c1)" in flagged.stderr
     # Retiring c1 gives its region up, but not while it holds worker IDs.
     release = [sys.executable, "-m", "snowfence", "release-region", "--etcd", ",".join(etcd.endpoints)]
     refused = subprocess.run([*release, "--cluster", "c1"], capture_output=True, text=True, timeout=30)

@@ -15,7 +15,8 @@ clock that may have stepped since.
   before their first claim.
 - ``bind`` is one endpoint.
 - The layout must be the one the store recorded, if it recorded one (read
-  without writing; etcd not answering is left to the workers).
+  without writing; etcd not answering is left to the workers), and in etcd
+  mode the region must not be another cluster's (:func:`check_region`).
 - The CURVE key and allow-list must be readable (the broker reads them again
   when it sets CURVE up), and etcd mode needs the etcd extra installed.
 - A node needs the server extra installed (:func:`require_server`); a client
@@ -79,6 +80,7 @@ def check(config: Config, *, create: bool = True) -> None:
 
         require_client()  # here, not in every worker after the node started
     check_layout(config)
+    check_region(config)
 
 
 def check_bind(config: Config) -> None:
@@ -152,6 +154,34 @@ def check_layout(config: Config) -> None:
         f"the store recorded layout [{recorded.layout.describe()}] but this node is configured for "
         f"[{config.layout.describe()}]"
     )
+
+
+def check_region(config: Config) -> None:
+    """Refuse, in the store's own words (LayoutMismatch), a region another cluster of this etcd
+    claims, or claims of other widths, before the node binds or says anything: its workers
+    would refuse it at their first claim, after the node said it serves. Read without
+    writing; etcd not answering is left to the workers. (Two clusters' first starts at once
+    both pass here: the claim's transaction refuses one of them.)"""
+    if config.embedded:
+        return
+    from ..etcd import regions
+    from ..etcd.client import Connection, etcd_call
+
+    connection = Connection(config)
+    try:
+        value = etcd_call(_region_claims)(connection)
+    except (EtcdUnavailable, ConfigError):
+        return
+    finally:
+        connection.close()
+    regions.parse(value).check(config.region, config.cluster, config.layout)
+
+
+def _region_claims(connection) -> bytes | None:
+    from ..etcd import regions
+
+    value, _ = connection.client.get(regions.KEY)
+    return value
 
 
 def check_epoch(config: Config, now_ms: int | None = None) -> None:
