@@ -6,6 +6,7 @@ check-config and serve as an operator runs them, systemd's end of sd_notify a so
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -75,6 +76,28 @@ def test_serve_refuses_them_before_it_says_it_serves_or_is_ready(tmp_path, recor
             notify.sock.recv(4096)  # READY=1 was never sent
     finally:
         notify.close()
+
+
+def test_a_port_in_use_leaves_nothing_behind_but_what_was_there(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        bind = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        env = {**os.environ, "SNOWFENCE_CONECT": "tcp://127.0.0.1:1"}  # a typo: warned about, even here
+        env.pop("XDG_RUNTIME_DIR", None)
+        env.pop("RUNTIME_DIRECTORY", None)
+        new = tmp_path / "new"
+        p = snowfence("serve", "--state-dir", str(new / "state"), "--workers", "1", "--bind", bind, env=env)
+        assert p.returncode == 78 and "Address already in use" in p.stderr and "serving" not in p.stderr, p.stderr
+        assert "SNOWFENCE_CONECT is not a snowfence variable" in p.stderr and "SNOWFENCE_CONNECT?" in p.stderr
+        assert not new.exists()  # not the state directory, its run/ and journal/, nor the parent made for it
+        # A state directory that was there stays, with what it held; what this start made in it goes.
+        kept = tmp_path / "kept"
+        kept.mkdir()
+        (kept / "note").write_text("mine")
+        p = snowfence("serve", "--state-dir", str(kept), "--workers", "1", "--bind", bind, env=env)
+        assert p.returncode == 78, p.stderr
+        assert sorted(os.listdir(kept)) == ["note"]
 
 
 def test_check_config_refuses_a_layout_other_than_the_etcd_cluster_s(nodes, etcd):

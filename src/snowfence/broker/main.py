@@ -137,6 +137,8 @@ class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.rundir = ""
+        #: Said "serving": from then on a stop leaves the state directory in place.
+        self.announced = False
         self.metrics = Metrics(config)
         self.router: ZmqFront | None = None
         self.curve: CurveServer | None = None
@@ -174,6 +176,22 @@ class Node:
             self.router.core.forget_pid(pid, "process exited")
 
     def run(self) -> int:
+        """Serve until stopped; a start that fails before it says it serves leaves nothing behind:
+        the directories it made (state, journal, run base) are removed if they are still empty."""
+        config = self.config
+        bases = [base for base, _ in rundir.candidates(config.state_dir)]
+        made = _absent([config.state_dir, config.journal_path, *bases])
+        try:
+            return self._run()
+        finally:
+            if not self.announced:
+                for path in made:  # deepest first; only empty ones, so nothing another made or wrote goes
+                    try:
+                        os.rmdir(path)
+                    except OSError:
+                        pass
+
+    def _run(self) -> int:
         sup = self.supervisor
         preflight.check(self.config)
         for name, message in preflight.warnings(self.config):
@@ -238,6 +256,7 @@ class Node:
                 self.metrics.peers = self.peers
             mode = "embedded" if self.config.embedded else f"etcd cluster {self.config.cluster!r}"
             n = len(sup.procs)
+            self.announced = True
             event(
                 log,
                 "serving",
@@ -531,6 +550,17 @@ class Node:
                 else None
             ),
         }
+
+
+def _absent(paths: list[str]) -> list[str]:
+    """The directories among ``paths``, and their parents, that do not exist yet (deepest first)."""
+    missing = set()
+    for path in paths:
+        path = os.path.abspath(path)
+        while not os.path.lexists(path) and os.path.dirname(path) != path:
+            missing.add(path)
+            path = os.path.dirname(path)
+    return sorted(missing, key=lambda p: p.count(os.sep), reverse=True)
 
 
 def serve(config: Config) -> int:
