@@ -32,7 +32,7 @@ from . import __version__
 from . import config as config_mod
 from .clients.core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
 from .clients.core.blocks import MAX_RESERVE
-from .errors import ConfigError, EtcdUnavailable, SnowfenceError, StateDirError
+from .errors import ConfigError, EtcdUnavailable, HandshakeRefused, SnowfenceError, StateDirError
 from .ids import BASE32_WIDTH, format_unix_ms, from_base32, to_base32
 from .protocol import MAX_BLOCK, endpoint_problem, with_scheme
 from .workers.exits import Exit
@@ -177,6 +177,15 @@ def _connect_arg(parser: argparse.ArgumentParser, retries: bool = True, layout: 
             help=f"Failed attempts a call retries before it gives up (default {DEFAULT_RETRIES}). A timeout that "
             "moves the call to a node it has not yet found unresponsive uses up no retry, so a call that gets "
             "no reply gives up after about (nodes known + N) x S seconds, and says how long it waited.",
+        )
+        parser.add_argument(
+            "--retry-for",
+            dest="retry_for",
+            type=_number(float, 0, 1_000_000, low_open=True, what="a number of seconds"),
+            default=None,
+            metavar="S",
+            help="Retry for up to S seconds instead of --retries times, also while no node answers or "
+            "accepts a connection yet: for a script that starts the node, then this command.",
         )
     parser.add_argument(
         "--server-key",
@@ -454,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     except _Plain as exc:
         print(f"snowfence: {exc}", file=sys.stderr)
         return 1
+    except HandshakeRefused as exc:  # a setting to fix (a key, --server-key), not a node to wait for
+        print(f"snowfence: {exc.code}: {exc}", file=sys.stderr)
+        return Exit.CONFIG
     except SnowfenceError as exc:
         print(f"snowfence: {exc.code}: {exc}", file=sys.stderr)
         return 1
@@ -578,6 +590,7 @@ def _client(args: argparse.Namespace):
             endpoints,
             timeout_s=args.timeout,
             retries=getattr(args, "retries", DEFAULT_RETRIES),
+            retry_for_s=getattr(args, "retry_for", None),
             server_key=args.server_key,
             client_key=args.client_key,
             discover=args.discover,

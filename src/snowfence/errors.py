@@ -105,6 +105,55 @@ class Timeout(Unavailable):
     code = "timeout"
 
 
+class ConnectionRefused(Unavailable):
+    """The node's address refused the connection: nothing listens there now."""
+
+    code = "connection_refused"
+
+
+# -- what a client learns about the connection itself; raised by the client, never sent ---
+#
+# A client names the cause it can know, rather than time out: each kind of trouble with
+# how a client reaches its nodes is a subclass of ClientSideError with a ``code`` of its own
+# and a ``retriable`` flag saying whether asking again unchanged can succeed.
+
+
+class ClientSideError(SnowfenceError):
+    """The client cannot use a node as it is set up to."""
+
+    code = "client_error"
+
+
+class HandshakeRefused(ClientSideError):
+    """The node refused this client's connection in the ZeroMQ handshake (CURVE)."""
+
+    code = "handshake_refused"
+
+
+class KeyRefused(HandshakeRefused):
+    """The node refused this client's key (CURVE): it is not on the node's allow-list."""
+
+    code = "key_refused"
+
+
+class CurveRequired(HandshakeRefused):
+    """The node uses CURVE: give server_key (the node's public key)."""
+
+    code = "curve_required"
+
+
+class CurveNotUsed(HandshakeRefused):
+    """The node does not use CURVE: drop server_key."""
+
+    code = "curve_not_used"
+
+
+class ServerKeyWrong(HandshakeRefused):
+    """The node dropped this client's CURVE handshake: server_key is not the node's public key."""
+
+    code = "server_key_wrong"
+
+
 class Overloaded(SnowfenceError):
     """Too many requests in flight on this connection."""
 

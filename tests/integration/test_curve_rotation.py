@@ -14,7 +14,7 @@ from nodes import wait_for
 from test_edges import run_snowfence
 
 from snowfence import Client
-from snowfence.errors import Timeout
+from snowfence.errors import HandshakeRefused, Timeout
 
 POLL_S = 0.2
 
@@ -25,7 +25,8 @@ def keygen(name: str, directory) -> None:
 
 
 def served(endpoint: str, server_key, client_key, timeout_s: float = 2.0) -> bool:
-    """Whether a new client of ``client_key`` gets an ID within ``timeout_s``."""
+    """Whether a new client of ``client_key`` gets an ID within ``timeout_s`` (a key the node
+    refuses, or a server key that is not the node's, is told so by name)."""
     try:
         with Client(
             endpoint,
@@ -36,7 +37,7 @@ def served(endpoint: str, server_key, client_key, timeout_s: float = 2.0) -> boo
             client_key=str(client_key),
         ) as c:
             return sum(b.count for b in c.reserve(1)) == 1
-    except Timeout:
+    except HandshakeRefused:
         return False
 
 

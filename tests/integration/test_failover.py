@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -266,7 +265,7 @@ def test_a_client_that_learned_the_cluster_while_its_peers_were_out_of_rotation_
 # -- the command line ------------------------------------------------------------------------------
 
 
-def test_reserve_on_the_command_line_gives_up_on_a_killed_node_as_its_timeout_and_retries_say(nodes, tmp_path):
+def test_reserve_on_the_command_line_gives_up_on_a_killed_node_within_its_bound_and_says_why(nodes, tmp_path):
     node = nodes.start(workers=1)
     node.wait_ready()
     timeout_s, retries = 1.0, 2
@@ -287,19 +286,16 @@ def test_reserve_on_the_command_line_gives_up_on_a_killed_node_as_its_timeout_an
         if cli.poll() is None:
             os.killpg(cli.pid, signal.SIGKILL)
             cli.wait(10)
-    # One timeout per attempt, and as many attempts as --retries allows after the first:
-    # plus, at worst, the NODES request the next call may begin with (at most 1 s).
+    # The node is gone: its address refuses connections. The request in flight when it died
+    # waits out its timeout at most; each retry after it is refused at once, after its
+    # back-off (at most 1 s), and the command says why, within the bound of GUIDE.md.
     attempts = retries + 1
     assert cli.returncode == 1, err
-    assert attempts * timeout_s - 0.2 < took < attempts * timeout_s + 1 + MARGIN_S, (took, err)
+    assert took < attempts * timeout_s + retries * 1.0 + MARGIN_S, (took, err)
     [line] = err.strip().splitlines()
-    m = re.fullmatch(
-        rf"snowfence: timeout: no reply from {re.escape(node.endpoint)} within {timeout_s} s \(the timeout of each "
-        rf"attempt\); gave up after {attempts} failed attempts, (\d+\.\d) s without a reply",
-        line,
-    )
-    assert m, line
-    assert attempts * timeout_s - 0.2 < float(m.group(1)) <= took + 0.1, (line, took)
+    assert line == (
+        f"snowfence: connection_refused: {node.endpoint} refused the connection: is snowfence serve running there?"
+    ), line
     assert "Traceback" not in err
     blocks = [tuple(map(int, row.split())) for row in out.read_text().splitlines() if row.count(" ") == 1]
     check_blocks([blocks])  # what it printed before the node died is sound

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import snowfence
 from snowfence import Client, protocol
-from snowfence.errors import ClockUnsafe, Timeout
+from snowfence.errors import ClockUnsafe, CurveRequired, KeyRefused
 
 
 def health(node) -> str:
@@ -162,7 +162,8 @@ def keygen(tmp_path, name: str, where: str) -> tuple[str, str]:
 def test_curve_a_client_without_the_key_gets_nothing_and_one_with_it_gets_ids(nodes, tmp_path):
     server_public, server_secret = keygen(tmp_path, "server", "keys")
     node = nodes.start(workers=1, args=("--curve-secret-key", server_secret))
-    with pytest.raises(Timeout):
+    node.wait_bound()
+    with pytest.raises(CurveRequired):
         with Client(node.endpoint, timeout_s=0.5, retries=1) as plain:
             plain.reserve(1)
     with Client(node.endpoint, timeout_s=2.0, server_key=server_public) as secure:
@@ -189,7 +190,7 @@ def test_curve_allow_list_admits_only_known_clients(nodes, tmp_path):
         wait_for(lambda: any(w["state"] == "ready" for w in alice.status()["workers"]), 10)
         assert sum(b.count for b in alice.reserve(100)) == 100
     for key in (mallory_secret, None):  # a known-bad key, and a key made up for the session
-        with pytest.raises(Timeout):
+        with pytest.raises(KeyRefused):
             with Client(node.endpoint, timeout_s=0.5, retries=1, server_key=server_public, client_key=key) as c:
                 c.reserve(1)
 

@@ -202,6 +202,9 @@ class Routing:
         self._wall_clock = wall_clock
         self.links: dict[bytes, Link] = {}
         self.rotation: list[Link] = []
+        #: Whether any worker has been in rotation since the node started: until then a
+        #: refusal says the node is starting, so a client that came too early knows to wait.
+        self.ever_ready = False
         self._rr = 0
         #: Client connections seen lately; those with nothing in flight are dropped at
         #: the next heartbeat (not at once: a client with one request in flight at a
@@ -530,10 +533,13 @@ class Routing:
 
     def why_none_ready(self) -> SnowfenceError:
         """The most telling reason no worker is in rotation, as the error to answer with."""
-        return refusal_for(
+        error = refusal_for(
             (h.state for link in self.links.values() for h in link.status.held),
             (link.status.reason for link in self.links.values()),
         )
+        if not self.ever_ready:
+            return type(error)(f"the node is starting: {error}")
+        return error
 
     # -- workers ----------------------------------------------------------------------
 
@@ -673,6 +679,7 @@ class Routing:
         link.ready = ready
         if ready:
             self.rotation.append(link)
+            self.ever_ready = True
         else:
             self.rotation.remove(link)
         event(

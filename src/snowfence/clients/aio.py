@@ -21,9 +21,12 @@ from .. import protocol
 from ..errors import SnowfenceError
 from ..ids import IdRange, Layout
 from .core import (
+    GREETING_BYTES,
+    GREETING_START,
     KEEP,
     Block,
     ClientBase,
+    Link,
     Pending,
     Prefetch,
     PrefetchDepth,
@@ -31,6 +34,10 @@ from .core import (
     ReserveRound,
     StatusRound,
     Watermark,
+    close_dealer,
+    greeting_address,
+    greeting_mechanism,
+    monitor_event,
     open_dealer,
 )
 
@@ -90,6 +97,20 @@ class _FastProtocol(asyncio.Protocol):
 _LOST = ("lost", None)
 #: A waiter's result when its deadline came first (see ``_reserve``).
 _EXPIRED = ("expired", None)
+_DONTWAIT = int(zmq.DONTWAIT)
+_POLLOUT = int(zmq.POLLOUT)
+
+
+class _Failed:
+    """A waiter's result when the socket monitor said its connection can carry nothing
+    (the connection or the handshake was refused): ``error`` says why, ``link`` is the
+    connection's (the client has moved on from it when it is no longer the current one)."""
+
+    __slots__ = ("error", "link")
+
+    def __init__(self, error: SnowfenceError, link: Link) -> None:
+        self.error = error
+        self.link = link
 
 
 _stream = protocol.encode_stream
@@ -98,6 +119,42 @@ _stream = protocol.encode_stream
 def _expire(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(_EXPIRED)
+
+
+#: The longest a client waits for a node's greeting (see :func:`node_mechanism`).
+GREETING_TIMEOUT_S = 0.5
+
+
+async def node_mechanism(endpoint: str, timeout_s: float) -> str | None:
+    """The security mechanism the ZeroMQ node at ``endpoint`` names in its greeting
+    (``NULL``, ``CURVE``), asked on a connection of its own; None if it cannot be told
+    within ``timeout_s`` (as :func:`snowfence.clients.blocking.node_mechanism`)."""
+    where = greeting_address(endpoint)
+    if where is None:
+        return None
+    kind, address = where
+
+    async def ask() -> bytes:
+        if kind == "ipc":
+            reader, writer = await asyncio.open_unix_connection(address)
+        else:
+            reader, writer = await asyncio.open_connection(*address)
+        try:
+            writer.write(GREETING_START)
+            greeting = b""
+            while len(greeting) < GREETING_BYTES:
+                chunk = await reader.read(GREETING_BYTES - len(greeting))
+                if not chunk:
+                    break
+                greeting += chunk
+            return greeting
+        finally:
+            writer.close()
+
+    try:
+        return greeting_mechanism(await asyncio.wait_for(ask(), timeout_s))
+    except (OSError, TimeoutError):
+        return None
 
 
 def run(main: Awaitable):
@@ -123,6 +180,11 @@ class AsyncClient(ClientBase):
             self._ctx = zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task | None = None
+        #: The socket's monitor, the task that reads it, and what its events said of the
+        #: connection (the last socket's, until the next opens).
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._watcher: asyncio.Task | None = None
+        self._watch = Link(self.endpoint, self.curve is not None)
         self._waiters: dict[int, asyncio.Future] = {}
         self._closed = False
         #: The connection to the current node's fast port, and the one being opened.
@@ -137,9 +199,37 @@ class AsyncClient(ClientBase):
         if self._closed:
             self._check_open()
         if self._sock is None:
-            self._sock = open_dealer(self._ctx, self.curve, self.endpoint)
-            self._reader = asyncio.get_running_loop().create_task(self._read(self._sock))
+            endpoint = self.endpoint
+            self._sock, self._monitor = open_dealer(self._ctx, self.curve, endpoint)
+            self._watch = self._new_link(endpoint)
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read(self._sock))
+            self._watcher = loop.create_task(self._watch_monitor(self._monitor, self._watch))
         return self._sock
+
+    async def _watch_monitor(self, monitor: zmq.asyncio.Socket, link: Link) -> None:
+        """Feed the monitor's events to ``link``; when one says the connection can carry
+        nothing (refused), every request waiting on the socket learns why at once."""
+        try:
+            while True:
+                error = link.feed(*monitor_event(await monitor.recv_multipart()))
+                if error is not None and link.unclear:
+                    error = link.learn_mechanism(
+                        await node_mechanism(link.endpoint, min(self.timeout_s, GREETING_TIMEOUT_S))
+                    )
+                if error is not None and link is self._watch:
+                    self._fail_waiters(_Failed(error, link))
+        except (asyncio.CancelledError, zmq.ZMQError):
+            pass
+
+    def _fail_waiters(self, failed: _Failed) -> None:
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_result(failed)
+        self._waiters.clear()
+
+    def _timeout_note(self) -> str:
+        return self._watch.silence()
 
     async def _read(self, sock: zmq.asyncio.Socket) -> None:
         """Hand each reply to the request waiting for it; drop stale ones."""
@@ -209,15 +299,50 @@ class AsyncClient(ClientBase):
         if self._reader is not None:
             self._reader.cancel()
             self._reader = None
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
         if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
+            close_dealer(self._sock, self._monitor)
+            self._sock = self._monitor = None
 
     async def _ask(self, pending: Pending, frame: bytes) -> asyncio.Future:
+        """Send one request; the future its reply (or what else ended it) will be set on.
+        The send never waits past the request's deadline: a DEALER with no connection to
+        send on (a refused handshake leaves it so) would wait for ever."""
         future = asyncio.get_running_loop().create_future()
+        sock = self._socket()
+        if self._watch.error is not None:
+            future.set_result(_Failed(self._watch.error, self._watch))
+            return future
         self._waiters[pending.request_id] = future
-        await self._socket().send(frame)
+        try:
+            await sock.send(frame, _DONTWAIT)
+        except zmq.Again:
+            await self._send_late(sock, frame, future, pending.deadline_ns)
         return future
+
+    async def _send_late(self, sock: zmq.asyncio.Socket, frame: bytes, future: asyncio.Future, deadline_ns: int):
+        """Wait for room to send ``frame`` until ``deadline_ns`` at most, or until the request
+        has ended (``future``: refused, reset); what happens to it then is its future's."""
+        while not future.done() and sock is self._sock:
+            left_ms = (deadline_ns - time.monotonic_ns()) // 1_000_000
+            if left_ms <= 0:
+                return  # the request times out, as if unanswered
+            room = asyncio.ensure_future(sock.poll(left_ms, _POLLOUT))
+            try:
+                await asyncio.wait((room, future), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                room.cancel()
+            if future.done() or sock is not self._sock:
+                return
+            # A poll that ran out of time ends in zmq.Again: no room yet.
+            if room.done() and not room.cancelled() and room.exception() is None and room.result():
+                try:
+                    await sock.send(frame, _DONTWAIT)
+                    return
+                except zmq.Again:
+                    pass
 
     # -- public API ---------------------------------------------------------------------
 
@@ -283,7 +408,8 @@ class AsyncClient(ClientBase):
         try:
             if sent is None:
                 if self._discovery_wanted(started_ns):  # checked here: a coroutine per call costs
-                    await self._discover()
+                    if await self._discover():
+                        round_.discovery_timed_out(time.monotonic_ns())
             else:
                 pending, matched = sent
                 round_.adopt(pending)
@@ -325,14 +451,37 @@ class AsyncClient(ClientBase):
                     done, _ = await asyncio.wait(waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
                     ended = [(waiting.pop(future), future.result()) for future in done]
                 expired = False
+                failed = None
                 for pending, matched in ended:
-                    expired |= self._outcome(round_, pending, matched)
-                await self._settle(round_, waiting, deadline_ns if expired else 0)
+                    if matched.__class__ is _Failed:
+                        round_.on_dropped(pending)
+                        failed = matched
+                    else:
+                        expired |= self._outcome(round_, pending, matched)
+                if failed is not None:
+                    await self._failed(round_, waiting, failed)
+                else:
+                    await self._settle(round_, waiting, deadline_ns if expired else 0)
         except BaseException:
             round_.abandon()
             self._forget_waiters(waiting)
             raise
         return job.result()
+
+    async def _failed(self, round_: ReserveRound, waiting: dict, failed: _Failed) -> None:
+        """A request of the round found its connection refused: the round decides (see
+        :meth:`ReserveRound.on_failed`), and the connection goes, unless another task has
+        already moved the client on from it (the round's requests then go on the next)."""
+        if failed.link is not self._watch:
+            return
+        now_ns = time.monotonic_ns()
+        try:
+            sleep_s = round_.on_failed(failed.error, now_ns)
+        finally:  # the connection goes, also with the error: a refused one stays refused
+            self._forget_waiters(waiting)
+            self._reset(rotate=True, now_ns=now_ns)
+        if sleep_s:
+            await asyncio.sleep(sleep_s)
 
     def _expired_or_reset(self, matched, resets: int):
         """A future its timer ended (``_EXPIRED``) whose connection another task reset
@@ -403,12 +552,14 @@ class AsyncClient(ClientBase):
         """The cluster's live nodes as the broker sees them: ``{"cluster", "nodes": [...]}``."""
         return await self._ask_json("nodes")
 
-    async def _discover(self) -> None:
+    async def _discover(self) -> bool:
         """Ask for the cluster's nodes when it is time to (other tasks' requests on the
-        socket keep it where it is until they are done: see the core). Never fails the call."""
+        socket keep it where it is until they are done: see the core). Never fails the call;
+        True when the request went unanswered (the client has reset and moved on, as for
+        any request): the caller counts that against its call."""
         ask = self._discovery(time.monotonic_ns())
         if ask is None:
-            return
+            return False
         pending, frame = ask
         future = await self._ask(pending, frame)
         try:
@@ -417,26 +568,44 @@ class AsyncClient(ClientBase):
             # As for any request: the endpoint failed, and the socket goes with what is on it.
             self._waiters.pop(pending.request_id, None)
             self._reset(rotate=True, now_ns=time.monotonic_ns())
-            return
+            return True
+        if matched.__class__ is _Failed:  # refused: the call's own request learns why
+            self._core.abandon((pending,))
+            if matched.link is self._watch:
+                self._reset(rotate=False)
+            return False
         self._discovered(None if matched is None else matched[1])
+        return False
 
     async def _ask_json(self, what: str) -> dict:
         round_ = StatusRound(self, what, time.monotonic_ns())
-        if round_.discovers_first:
-            await self._discover()
+        if round_.discovers_first and await self._discover():
+            round_.on_lost(time.monotonic_ns(), how=self._timeout_note())
         while True:
             pending, frame = round_.request(time.monotonic_ns())
             future = await self._ask(pending, frame)
             try:
-                matched = await asyncio.wait_for(future, self.timeout_s)
+                matched = await asyncio.wait_for(future, max(0.0, (pending.deadline_ns - time.monotonic_ns()) / 1e9))
             except TimeoutError:
                 self._waiters.pop(pending.request_id, None)
                 now_ns = time.monotonic_ns()
+                how = self._timeout_note()
                 self._reset(rotate=True, now_ns=now_ns)
-                round_.on_lost(now_ns)
+                round_.on_lost(now_ns, how=how)
                 continue
             if matched is None:  # the socket was reset under it
                 round_.on_lost(time.monotonic_ns(), timed_out=False)
+                continue
+            if matched.__class__ is _Failed:  # refused: the round decides, then the connection goes
+                self._core.abandon((pending,))
+                now_ns = time.monotonic_ns()
+                if matched.link is self._watch:
+                    try:
+                        sleep_s = round_.on_failed(matched.error, now_ns)
+                    finally:
+                        self._reset(rotate=True, now_ns=now_ns)
+                    if sleep_s:
+                        await asyncio.sleep(sleep_s)
                 continue
             return round_.on_reply(matched[1])
 

@@ -24,9 +24,12 @@ from .. import protocol
 from ..errors import SnowfenceError
 from ..ids import IdRange, Layout
 from .core import (
+    GREETING_BYTES,
+    GREETING_START,
     KEEP,
     Block,
     ClientBase,
+    Link,
     Pending,
     Prefetch,
     PrefetchDepth,
@@ -34,6 +37,10 @@ from .core import (
     ReserveRound,
     StatusRound,
     Watermark,
+    close_dealer,
+    greeting_address,
+    greeting_mechanism,
+    monitor_event,
     open_dealer,
 )
 
@@ -46,6 +53,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _RCVTIMEO = int(zmq.RCVTIMEO)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
 _stream = protocol.encode_stream
 #: What :meth:`Client._reserve_fast` got when its fast connection closed under its request.
 _LOST = ("lost", None)
@@ -65,6 +73,47 @@ def _recv_within(sock: zmq.Socket, timeout_ms: int, timeouts: dict) -> bytes | N
 def _pending(sock: zmq.Socket) -> bool:
     """Whether another message is waiting on ``sock`` (without an exception for no)."""
     return bool(sock.getsockopt(_EVENTS) & _POLLIN)
+
+
+def node_mechanism(endpoint: str, timeout_s: float) -> str | None:
+    """The security mechanism the ZeroMQ node at ``endpoint`` names in its greeting
+    (``NULL``, ``CURVE``), asked on a connection of its own; None if it cannot be told
+    within ``timeout_s``."""
+    where = greeting_address(endpoint)
+    if where is None:
+        return None
+    kind, address = where
+    greeting = b""
+    try:
+        if kind == "ipc":
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.settimeout(timeout_s)
+            conn.connect(address)
+        else:
+            conn = socket.create_connection(address, timeout=timeout_s)
+        with conn:
+            conn.sendall(GREETING_START)
+            while len(greeting) < GREETING_BYTES:
+                chunk = conn.recv(GREETING_BYTES - len(greeting))
+                if not chunk:
+                    break
+                greeting += chunk
+    except OSError:
+        pass
+    return greeting_mechanism(greeting)
+
+
+#: The longest a client waits for a node's greeting (see :func:`node_mechanism`).
+GREETING_TIMEOUT_S = 0.5
+
+
+class _Lost(Exception):
+    """The connection can carry nothing now, for the reason ``error`` names (from the
+    socket monitor: the connection or the handshake was refused)."""
+
+    def __init__(self, error: SnowfenceError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class FastConnection:
@@ -174,6 +223,10 @@ class Client(ClientBase):
             self._ctx = zmq.Context.instance()
         self._lock = threading.RLock()
         self._sock: zmq.Socket | None = None
+        #: The socket's monitor, and what its events said of the connection (the last
+        #: socket's, until the next opens).
+        self._monitor: zmq.Socket | None = None
+        self._watch = Link(self.endpoint, self.curve is not None)
         #: The connection to the current node's fast port, while there is one.
         self._fast: FastConnection | None = None
         self._prefetchers: list[Prefetcher] = []
@@ -246,10 +299,10 @@ class Client(ClientBase):
         None for none in time)."""
         job = ReserveJob(n, window=self.window, retries=self.retries, after=after, chunk=chunk)
         with self._lock:
-            started_ns = time.monotonic_ns()
-            if sent is None:
-                self._discover()
-            self._run(ReserveRound(self, job, started_ns), chunk, sent)
+            round_ = ReserveRound(self, job, time.monotonic_ns())
+            if sent is None and self._discover():
+                round_.discovery_timed_out(time.monotonic_ns())
+            self._run(round_, chunk, sent)
         return job.result()
 
     def ids(self, batch: int = protocol.MAX_BLOCK, prefetch: int = 64, max_age_s: float | None = 1.0) -> Iterator[int]:
@@ -302,15 +355,24 @@ class Client(ClientBase):
         self._check_open()
         with self._lock:
             round_ = StatusRound(self, what, time.monotonic_ns())
-            if round_.discovers_first:
-                self._discover()
+            if round_.discovers_first and self._discover():
+                round_.on_lost(time.monotonic_ns(), how=self._timeout_note())
             while True:
                 pending, frame = round_.request(time.monotonic_ns())
-                self._socket().send(frame)
-                reply = self._await(pending)
+                try:
+                    reply = self._await(pending, frame)
+                except _Lost as lost:
+                    now_ns = time.monotonic_ns()
+                    self._core.abandon((pending,))
+                    try:
+                        sleep_s = round_.on_failed(lost.error, now_ns)
+                    finally:  # the connection goes, also with the error: a refused one stays refused
+                        self._reset(rotate=True, now_ns=now_ns)
+                    time.sleep(sleep_s)
+                    continue
                 if reply is not None:
                     return round_.on_reply(reply)
-                round_.on_lost(time.monotonic_ns())
+                round_.on_lost(time.monotonic_ns(), how=self._timeout_note())
 
     def close(self) -> None:
         for fetcher in self._prefetchers:
@@ -331,18 +393,108 @@ class Client(ClientBase):
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
             self._check_open()
-            self._sock = open_dealer(self._ctx, self.curve, self.endpoint)
+            endpoint = self.endpoint
+            self._sock, self._monitor = open_dealer(self._ctx, self.curve, endpoint)
+            self._watch = self._new_link(endpoint)
             self._rcvtimeo = {}
         return self._sock
 
-    def _discover(self) -> None:
-        """Ask the current broker for the cluster's nodes, when it is time to; never fails the call."""
+    def _drain(self) -> SnowfenceError | None:
+        """Feed the monitor's events so far to the link; why the connection can carry
+        nothing now (None: nothing known against it)."""
+        monitor, watch = self._monitor, self._watch
+        if monitor is not None:
+            while _pending(monitor):
+                watch.feed(*monitor_event(monitor.recv_multipart()))
+            if watch.unclear:
+                watch.learn_mechanism(node_mechanism(watch.endpoint, min(self.timeout_s, GREETING_TIMEOUT_S)))
+        return watch.error
+
+    def _timeout_note(self) -> str:
+        self._drain()
+        return self._watch.silence()
+
+    def _send_by(self, sock: zmq.Socket, frame: bytes, deadline_ns: int) -> bool:
+        """Send ``frame``, waiting for room until ``deadline_ns`` at most: False if none came
+        (the request then times out as if unanswered). Raises :class:`_Lost` when the
+        monitor says the connection can carry nothing (a refused handshake leaves a DEALER
+        with nowhere to send)."""
+        try:
+            _send(sock, frame)
+            return True
+        except zmq.Again:
+            pass
+        while True:
+            error = self._drain()
+            if error is not None:
+                raise _Lost(error)
+            left_ms = (deadline_ns - time.monotonic_ns()) // 1_000_000
+            if left_ms <= 0:
+                return False
+            ready = dict(zmq.zmq_poll([(sock, _POLLOUT), (self._monitor, _POLLIN)], left_ms))
+            if ready.get(sock):
+                try:
+                    _send(sock, frame)
+                    return True
+                except zmq.Again:
+                    pass
+
+    def _check_link(self) -> None:
+        """Before a send: raise :class:`_Lost` if the monitor has said since it was last read
+        that the connection can carry nothing (a node that came back and refused the
+        handshake, or is refusing connections). One check of the monitor when it has
+        nothing new."""
+        if _pending(self._monitor):
+            error = self._drain()
+            if error is not None:
+                raise _Lost(error)
+
+    def _recv(self, sock: zmq.Socket, timeout_ms: int) -> bytes | None:
+        """The next message on ``sock`` within ``timeout_ms``, or None. Until a handshake has
+        succeeded on the connection the monitor is watched too, and :class:`_Lost` raised
+        as soon as it says the connection was refused; after that, a plain receive, and
+        the monitor read when it ends without a message."""
+        if self._watch.ready:
+            body = _recv_within(sock, timeout_ms, self._rcvtimeo)
+            if body is None:
+                error = self._drain()
+                if error is not None:
+                    raise _Lost(error)
+            return body
+        deadline_ns = time.monotonic_ns() + timeout_ms * 1_000_000
+        monitor = self._monitor
+        while True:
+            error = self._drain()
+            if error is not None:
+                raise _Lost(error)
+            left_ms = -(-(deadline_ns - time.monotonic_ns()) // 1_000_000)
+            if self._watch.ready:
+                return _recv_within(sock, left_ms, self._rcvtimeo) if left_ms > 0 else None
+            if left_ms <= 0:
+                return None
+            ready = dict(zmq.zmq_poll([(sock, _POLLIN), (monitor, _POLLIN)], left_ms))
+            if ready.get(sock):
+                try:
+                    return _recv(sock, _NOBLOCK)
+                except zmq.Again:
+                    pass
+
+    def _discover(self) -> bool:
+        """Ask the current broker for the cluster's nodes, when it is time to; never fails
+        the call. True when the request went unanswered (the client has reset and moved
+        on, as for any request): the caller counts that against its call."""
         ask = self._discovery(time.monotonic_ns())
         if ask is None:
-            return
+            return False
         pending, frame = ask
-        self._socket().send(frame)
-        self._discovered(self._await(pending))  # a timeout resets and moves on, as for any request
+        try:
+            reply = self._await(pending, frame)
+        except _Lost:  # the connection was refused: the call's own request learns why
+            self._core.abandon((pending,))
+            self._reset(rotate=False)
+            return False
+        self._discovered(reply)
+        return reply is None
 
     def _fast_connection(self, n: int, chunk: int) -> FastConnection | None:
         """The connection to use for a turn of a reservation of ``n`` on the fast port,
@@ -379,15 +531,21 @@ class Client(ClientBase):
         next request reconnects."""
         self._close_fast()
         if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
+            self._drain()  # what the socket's monitor said, for the message of a timeout
+            close_dealer(self._sock, self._monitor)
+            self._sock = self._monitor = None
 
-    def _await(self, pending: Pending) -> protocol.Reply | None:
-        """Wait for the reply to one request; None (and a reset) if it timed out."""
+    def _await(self, pending: Pending, frame: bytes) -> protocol.Reply | None:
+        """Send one request and wait for its reply; None (and a reset) if it timed out.
+        Raises :class:`_Lost` when the connection was refused."""
         sock = self._socket()
+        self._check_link()
+        if not self._send_by(sock, frame, pending.deadline_ns):
+            self._reset(rotate=True, now_ns=time.monotonic_ns())
+            return None
         while True:
             left_ms = (pending.deadline_ns - time.monotonic_ns()) // 1_000_000
-            body = _recv_within(sock, left_ms, self._rcvtimeo) if left_ms > 0 else None
+            body = self._recv(sock, left_ms) if left_ms > 0 else None
             if body is None:
                 self._reset(rotate=True, now_ns=time.monotonic_ns())
                 return None
@@ -398,7 +556,7 @@ class Client(ClientBase):
     def _run(
         self, round_: ReserveRound, chunk: int = protocol.MAX_BLOCK, sent: tuple[Pending, tuple | None] | None = None
     ) -> None:
-        core, job = self._core, round_.job
+        job = round_.job
         try:
             if sent is not None and self._take_over(round_, *sent):
                 self._settle(round_)  # a refusal's back-off (or a timeout's reset) before asking again
@@ -411,23 +569,39 @@ class Client(ClientBase):
                         self._fast_broke(round_)
                         continue
                 else:
-                    sock = self._socket()
-                    now = time.monotonic_ns()
-                    for _, frame in round_.requests(now):
-                        _send(sock, frame)
-                    wait_ms = max(0, (round_.deadline_ns(now) - now) // 1_000_000)
-                    body = _recv_within(sock, wait_ms, self._rcvtimeo) if wait_ms else None
-                    if body is None and not wait_ms and _pending(sock):
-                        body = _recv(sock, _NOBLOCK)
-                    while body is not None:
-                        matched = core.match(body)
-                        if matched is not None and matched[0].job is job:
-                            round_.on_reply(*matched)
-                        body = _recv(sock, _NOBLOCK) if _pending(sock) else None
+                    try:
+                        self._turn(round_)
+                    except _Lost as lost:
+                        now_ns = time.monotonic_ns()
+                        try:
+                            sleep_s = round_.on_failed(lost.error, now_ns)
+                        finally:  # the connection goes, also with the error: a refused one stays refused
+                            self._reset(rotate=True, now_ns=now_ns)
+                        time.sleep(sleep_s)
+                        continue
                 self._settle(round_)
         except BaseException:
             round_.abandon()
             raise
+
+    def _turn(self, round_: ReserveRound) -> None:
+        """One turn of :meth:`_run` on ZeroMQ: send what is due, take what came back."""
+        core, job = self._core, round_.job
+        sock = self._socket()
+        self._check_link()
+        now = time.monotonic_ns()
+        for pending, frame in round_.requests(now):
+            if not self._send_by(sock, frame, pending.deadline_ns):
+                break  # no room until the deadline: the requests time out, as if unanswered
+        wait_ms = max(0, (round_.deadline_ns(now) - time.monotonic_ns()) // 1_000_000)
+        body = self._recv(sock, wait_ms) if wait_ms else None
+        if body is None and not wait_ms and _pending(sock):
+            body = _recv(sock, _NOBLOCK)
+        while body is not None:
+            matched = core.match(body)
+            if matched is not None and matched[0].job is job:
+                round_.on_reply(*matched)
+            body = _recv(sock, _NOBLOCK) if _pending(sock) else None
 
     def _settle(self, round_: ReserveRound) -> None:
         """After a wait: reset the connection and back off as :meth:`ReserveRound.settle` says."""
@@ -485,6 +659,7 @@ class Prefetcher:
             wait_for_server=client.wait_for_server,
             discover=client.directory.discover,
             region=client.directory.region,
+            retry_for_s=client.retry_for_s,
         )
         self._source.curve = client.curve
         self._cond = threading.Condition()

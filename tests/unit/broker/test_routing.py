@@ -457,6 +457,19 @@ def test_with_no_worker_in_rotation_the_answer_names_the_most_telling_state(rig)
     assert r.core.counters["unavailable"] == 1
 
 
+def test_until_a_first_worker_is_ready_the_refusal_says_the_node_is_starting(rig):
+    r = rig()
+    w = r.worker(0, ready=False, held=[{"worker_id": 3, "state": "waiting"}])
+    r.ask(b"c", 1)
+    [rep] = r.replies(b"c")
+    assert rep.error.code == "unavailable" and rep.error.message.startswith("the node is starting: "), rep.error
+    r.state(w)  # in rotation once
+    r.leave(w, reason="waiting")
+    r.ask(b"c", 1)
+    [rep] = r.replies(b"c")
+    assert "starting" not in rep.error.message, rep.error
+
+
 def test_once_stopping_waiting_and_new_requests_are_answered_unavailable_and_sent_ones_still_complete(rig):
     r = rig(worker_queue_ms=1.0)
     w = r.worker(0)

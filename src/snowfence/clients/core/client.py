@@ -10,12 +10,12 @@ import math
 from collections.abc import Sequence
 
 from ... import protocol
-from ...errors import SnowfenceError, Timeout
+from ...errors import ConnectionRefused, SnowfenceError, Timeout
 from .blocks import Block
 from .directory import DISCOVER_TIMEOUT_S, Directory
 from .fastpath import FastPath
+from .handshake import Link
 from .inflight import Core, Pending
-from .probe import refused
 from .rounds import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_WINDOW
 
 #: The longest timeout a client takes: ZeroMQ polls in int32 milliseconds.
@@ -52,6 +52,7 @@ class ClientBase:
         wait_for_server: bool = False,
         discover: bool = True,
         region: int | None = None,
+        retry_for_s: float | None = None,
     ) -> None:
         seeds = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         seeds = [protocol.with_scheme(endpoint) for endpoint in seeds]  # host:port is tcp://host:port
@@ -71,8 +72,21 @@ class ClientBase:
             raise ValueError(f"timeout_s must be positive and at most {MAX_TIMEOUT_S:,.0f}, got {timeout_s}")
         if retries < 0 or window < 1:
             raise ValueError("retries must be >= 0 and window >= 1")
+        if retry_for_s is not None and (
+            isinstance(retry_for_s, bool)
+            or not isinstance(retry_for_s, (int, float))
+            or not 0 < retry_for_s <= MAX_TIMEOUT_S
+        ):
+            raise ValueError(
+                f"retry_for_s must be a positive number of seconds, at most {MAX_TIMEOUT_S:,.0f}, got {retry_for_s!r}"
+            )
         self.timeout_s = timeout_s
         self.retries = retries
+        #: With a time budget, a call retries what may succeed later (refusals, timeouts, a
+        #: node not yet listening) until ``retry_for_s`` has passed since it began, whatever
+        #: ``retries`` says; None: ``retries`` counts.
+        self.retry_for_s = retry_for_s
+        self._retry_for_ns = None if retry_for_s is None else int(retry_for_s * 1e9)
         self.window = window
         self._timeout_ns = int(timeout_s * 1e9)
         self._discover_timeout_ns = int(min(timeout_s, DISCOVER_TIMEOUT_S) * 1e9)
@@ -83,11 +97,9 @@ class ClientBase:
         #: Retry (up to ``retries``) even while no endpoint has ever replied: for a
         #: client that starts before its server does. Off: give up after one
         #: timeout per endpoint, saying that no server answered.
-        self.wait_for_server = wait_for_server
+        self.wait_for_server = wait_for_server or retry_for_s is not None
         #: Where an answer to NODES said to go while other requests were in flight.
         self._move_later: str | None = None
-        #: The endpoint last probed for a refusal (see :attr:`endpoint`); None: probe again.
-        self._probed: str | None = None
         if server_key is not None:
             from ...curve import Curve
 
@@ -131,23 +143,19 @@ class ClientBase:
 
     @property
     def endpoint(self) -> str:
-        """Where requests go now. Before a socket is opened to it, a tcp:// endpoint that
-        refuses connections is passed over at once for the next (see :meth:`_skip_refused`)."""
-        if getattr(self, "_sock", None) is None and self._probed != self.directory.current:
-            self._skip_refused()
+        """Where requests go now."""
         return self.directory.current
 
-    def _skip_refused(self) -> None:
-        """Move past endpoints that refuse a TCP connection now (each counted as failed),
-        at most once round the list; each endpoint is probed once per connection."""
-        for _ in range(len(self.directory.endpoints)):
-            current = self.directory.current
-            self._probed = current
-            if len(self.directory.endpoints) < 2 or not refused(current):
-                return
-            self.directory.failed()
-            if self.directory.current == current:
-                return
+    def _new_link(self, endpoint: str) -> Link:
+        """What the monitor of a socket opened to ``endpoint`` is to be fed to."""
+        return Link(endpoint, self.curve is not None)
+
+    def _may_retry(self, started_ns: int, now_ns: int) -> bool | None:
+        """With a time budget (``retry_for_s``): whether a call that began at ``started_ns``
+        may still retry at ``now_ns``; None when ``retries`` counts instead."""
+        if self._retry_for_ns is None:
+            return None
+        return now_ns - started_ns < self._retry_for_ns
 
     def _discovery(self, now_ns: int) -> tuple[Pending, bytes] | None:
         """Before a call: make the move an earlier answer asked for, once no request in
@@ -287,22 +295,24 @@ class ClientBase:
         """Use ``endpoint`` from the next connection on (the caller closed the old one)."""
         self.directory.current = endpoint
 
-    def _timeout(self, what: str = "reply", endpoint: str | None = None, tries: int = 0, quiet_ns: int = 0) -> Timeout:
+    def _timeout(
+        self, what: str = "reply", endpoint: str | None = None, tries: int = 0, quiet_ns: int = 0, how: str = ""
+    ) -> Timeout:
         """The error for a request that went unanswered on ``endpoint`` (the current one);
         with ``tries``, the one a call gives up with after that many failed attempts and
-        ``quiet_ns`` without a reply."""
+        ``quiet_ns`` without a reply; ``how``: what the connection's monitor adds
+        (:meth:`Link.silence`)."""
         text = f"no {what} from {endpoint or self.endpoint} within {self.timeout_s} s"
         if tries:
             text += (
                 f" (the timeout of each attempt); gave up after {tries} failed attempt{'s' if tries > 1 else ''},"
                 f" {quiet_ns / 1e9:.1f} s without a reply"
             )
-        if self.curve is not None:
-            text += (
-                " (CURVE is on: a wrong server key, or a client key not on the broker's allow-list, "
-                "also looks like this)"
-            )
-        return Timeout(text)
+        return Timeout(text + how)
+
+    def _timeout_note(self) -> str:
+        """What the transport's monitor says about the connection that let a request time out."""
+        return ""
 
     def _never_answered(self) -> Timeout | None:
         """After a timeout: the error to give up with when no endpoint has ever replied
@@ -318,15 +328,23 @@ class ClientBase:
             return None
         where = ", ".join(self.endpoints)
         text = f"no endpoint ever replied (each tried for {self.timeout_s} s): is snowfence serve running at {where}?"
-        if self.curve is not None:
-            text += " CURVE is on: check the server key, and that this client's key is on the broker's allow-list."
-        return Timeout(text)
+        return Timeout(text + self._timeout_note())
+
+    def _gave_up(self, error: SnowfenceError) -> SnowfenceError:
+        """The error a call gives up with after ``error`` (a refusal of the connection or
+        of the handshake) on the last endpoint it tried: with several endpoints, a refused
+        connection names them all."""
+        if isinstance(error, ConnectionRefused) and len(self.endpoints) > 1:
+            where = ", ".join(self.endpoints)
+            return ConnectionRefused(
+                f"no endpoint accepted a connection and answered ({error}): is snowfence serve running at {where}?"
+            )
+        return error
 
     def _forget_connection(self, rotate: bool) -> None:
         """The socket is going: nothing on it will be answered. With ``rotate`` its
         endpoint failed, and the next connection goes where :meth:`Directory.failed` says."""
         self._core.abandon(list(self._core.inflight.values()))
-        self._probed = None
         if rotate:
             self.directory.failed()
         self.resets += 1

@@ -24,6 +24,8 @@ DEFAULT_RETRIES = 5
 DEFAULT_WINDOW = 32
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
+#: A job's retries while a time budget (``retry_for_s``) decides instead of a count.
+_UNCOUNTED = 1 << 62
 
 
 @dataclass
@@ -169,8 +171,11 @@ class ReserveRound:
         self.unresponsive: set[str] = set()
         #: When the call last got a reply (or began), for the message it gives up with.
         self.replied_ns = started_ns
+        self.started_ns = started_ns
         self._replied = False
         self._backoff_s = 0.0
+        if client._retry_for_ns is not None:
+            job.retries = _UNCOUNTED  # the time budget decides (see :meth:`_out_of_time`)
 
     @property
     def done(self) -> bool:
@@ -217,6 +222,8 @@ class ReserveRound:
         """
         client, job = self.client, self.job
         backoff, self._backoff_s = self._backoff_s, 0.0
+        if backoff and self._out_of_time(now_ns) and not (isinstance(job.last_error, Overloaded) and job.inflight):
+            raise job.last_error
         if self._replied:
             self._replied = False
             self.replied_ns = now_ns
@@ -229,18 +236,62 @@ class ReserveRound:
             silent = client._never_answered()
             if silent is not None:
                 raise silent
-            endpoint = client.endpoint
-            self.unresponsive.add(endpoint)
-            counted = not client.directory.untried(self.unresponsive)
-            if not job.on_timeout([p.count for p in expired], client._timeout(endpoint=endpoint), counted):
-                tries = job.attempts + job.failovers
-                raise client._timeout(endpoint=endpoint, tries=tries, quiet_ns=now_ns - self.replied_ns)
+            self._timed_out([p.count for p in expired], now_ns)
             self._requeue_all()
             return True, 0.0
         if backoff and len(client.endpoints) > 1 and not isinstance(job.last_error, Overloaded):
             self._requeue_all()
             return True, backoff
         return False, backoff
+
+    def _timed_out(self, counts: list[int], now_ns: int) -> None:
+        """Requests of ``counts`` (none: a NODES request asked before the round's own)
+        went unanswered on the current endpoint: a failover while another endpoint is
+        untried, else a failed attempt; raises when the call gives up."""
+        client, job = self.client, self.job
+        endpoint = client.endpoint
+        how = client._timeout_note()
+        self.unresponsive.add(endpoint)
+        counted = not client.directory.untried(self.unresponsive)
+        error = client._timeout(endpoint=endpoint, how=how)
+        if not job.on_timeout(counts, error, counted) or (counted and self._out_of_time(now_ns)):
+            tries = job.attempts + job.failovers
+            raise client._timeout(endpoint=endpoint, tries=tries, quiet_ns=now_ns - self.replied_ns, how=how)
+
+    def discovery_timed_out(self, now_ns: int) -> None:
+        """The NODES request asked before the round's requests got no reply: the endpoint
+        failed, as for a request of the round (the client has reset and moved on); raises
+        when the call gives up. So asking for the nodes never adds a timeout to a call's bound."""
+        silent = self.client._never_answered()
+        if silent is not None:
+            raise silent
+        self._timed_out([], now_ns)
+
+    def on_failed(self, error: SnowfenceError, now_ns: int) -> float:
+        """The connection to the current endpoint cannot carry requests, for the reason
+        ``error`` names (the connection or the handshake was refused): every request on it
+        is asked again. At once on another endpoint while one is untried by this call;
+        then, for a retriable ``error``, after a back-off (the seconds returned) while
+        retries (or the time budget) last. Raises ``error`` when the call gives up, and at
+        once when no endpoint has ever replied (unless the client waits for its server)
+        or when asking again cannot help. The client resets its connection after this."""
+        client, job = self.client, self.job
+        self._requeue_all()
+        self.unresponsive.add(client.endpoint)
+        job.last_error = error
+        if client.directory.untried(self.unresponsive):
+            job.failovers += 1
+            return 0.0
+        if not error.retriable or not (client._core.heard or client.wait_for_server):
+            raise client._gave_up(error)
+        job.attempts += 1
+        if job.attempts > job.retries or self._out_of_time(now_ns):
+            raise client._gave_up(error)
+        return job.backoff_s()
+
+    def _out_of_time(self, now_ns: int) -> bool:
+        """Whether the client's time budget (``retry_for_s``) for this call has run out."""
+        return self.client._may_retry(self.started_ns, now_ns) is False
 
     def adopt(self, pending: Pending) -> None:
         """Make the request sent for all of the job's IDs before the round began (on the
@@ -307,8 +358,9 @@ class StatusRound:
             raise BadRequest(f"the server answered a {self.what} request with reply type 0x{reply.type:02x}")
         return answer
 
-    def on_lost(self, now_ns: int, timed_out: bool = True) -> None:
-        """No reply (the client has reset its connection); raises when it is time to give up."""
+    def on_lost(self, now_ns: int, timed_out: bool = True, how: str = "") -> None:
+        """No reply (the client has reset its connection); raises when it is time to give
+        up. ``how``: what the connection's monitor said (:meth:`Link.silence`)."""
         if timed_out:
             silent = self.client._never_answered()
             if silent is not None:
@@ -318,8 +370,28 @@ class StatusRound:
                 self.failovers += 1
                 return
         self.attempts += 1
-        if self.attempts > self.client.retries:
+        if self._gives_up(now_ns):
             tries = self.attempts + self.failovers
             raise self.client._timeout(
-                f"{self.what} reply", self.endpoint, tries=tries, quiet_ns=now_ns - self.started_ns
+                f"{self.what} reply", self.endpoint, tries=tries, quiet_ns=now_ns - self.started_ns, how=how
             )
+
+    def on_failed(self, error: SnowfenceError, now_ns: int) -> float:
+        """The connection cannot carry the request, for the reason ``error`` names: as
+        :meth:`ReserveRound.on_failed` (the back-off to wait is returned; raises when the
+        call gives up)."""
+        client = self.client
+        self.unresponsive.add(self.endpoint)
+        if client.directory.untried(self.unresponsive):
+            self.failovers += 1
+            return 0.0
+        if not error.retriable or not (client._core.heard or client.wait_for_server):
+            raise client._gave_up(error)
+        self.attempts += 1
+        if self._gives_up(now_ns):
+            raise client._gave_up(error)
+        return min(BACKOFF_MIN_S * 2 ** (self.attempts - 1), BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
+
+    def _gives_up(self, now_ns: int) -> bool:
+        budget = self.client._may_retry(self.started_ns, now_ns)
+        return self.attempts > self.client.retries if budget is None else not budget
