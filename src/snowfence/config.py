@@ -260,8 +260,8 @@ class Config:
     )
     max_peer_offset_ms: int = setting(
         -1,
-        "Leave rotation while the clock disagrees with a majority of the cluster by more than this, and claim "
-        "no worker ID unless a majority agrees with it (two nodes apart: neither claims); -1 (the default) is "
+        "Claim nothing until a majority of the cluster vouches for the clock within this; while no majority "
+        "agrees with it, leave rotation and let the worker IDs held go (two nodes apart: both); -1 (the default) is "
         "half of max_clock_skew_ms, so that nodes in rotation are within max_clock_skew_ms of each other; "
         "0 only measures (the skew bound is then assumed).",
         metavar="MS",

@@ -179,7 +179,8 @@ def test_by_default_a_node_whose_clock_disagrees_claims_no_worker_id(nodes, etcd
     held = etcd.get_prefix("/snowfence/test/workers/")
     assert f"/snowfence/test/workers/0/{lost}" not in held
     assert f"/snowfence/test/workers/0/{victim['worker_id']}" not in held
-    assert len(c.ready_workers()) == 1
+    # Its other worker let its worker ID go when the clock was refused: c holds none.
+    assert c.all_worker_ids() == set() and c.ready_workers() == []
     # Once the clock agrees again, c claims at once, and the unknown worker ID is claimed
     # with its quarantine.
     skew.shift_all(0)
@@ -194,47 +195,6 @@ def test_by_default_a_node_whose_clock_disagrees_claims_no_worker_id(nodes, etcd
     assert f"worker ID {lost}: it has no mark, but it was used; its claim mints nothing for 3000 ms" in (
         d.log() + c.log()
     )
-    skew.close()
-
-
-def test_two_nodes_whose_clocks_disagree_claim_nothing_and_keep_serving(nodes, etcd, tmp_path, clockshim_library):
-    # With one peer nobody can tell which clock is wrong: neither leaves rotation, and
-    # neither claims a worker ID (the one behind would mint below what the other minted,
-    # were a mark taken back) until they agree again.
-    from clock import ClockTable
-
-    skew = ClockTable(tmp_path / "b-clock", clockshim_library)
-    common = (
-        *etcd_args(etcd, "test", *FAST_LEASES),
-        *("--max-clock-skew-ms", "1000", "--broker-mint-max-ids", "0", "--metrics-bind", "127.0.0.1:0"),
-    )
-    a = nodes.start("a", workers=2, args=common)
-    b = nodes.start("b", workers=2, args=common, env=skew.env())
-    for node in (a, b):
-        node.wait_ready(timeout_s=30)
-    wait_for(lambda: len(names(a)) == 2 and len(names(b)) == 2, 15, what="each node to see the other")
-    skew.shift_all(-900)
-    for node in (a, b):
-        wait_for(lambda node=node: "claims_vetoed" in node.log(), 15, what=f"{node.name}'s broker to veto claims")
-    vetoed = "claiming no worker ID until the clock is vouched for: clock disagrees with 1 of 1 peers"
-    victims = {}
-    for node in (a, b):
-        victim = node.status()["workers"][0]
-        victims[node.name] = victim["worker_id"]
-        os.kill(victim["pid"], signal.SIGKILL)
-    for node in (a, b):
-        wait_for(
-            lambda node=node: any(vetoed in (w.get("reason") or "") for w in node.status()["workers"]),
-            20,
-            what=f"{node.name}'s new worker to wait for its clock to be vouched for",
-        )
-        assert get(health(node), "/readyz")[0] == 200  # still in rotation
-        with Client(node.endpoint, timeout_s=2.0) as client:
-            assert sum(len(block) for block in client.reserve(10)) == 10
-    skew.shift_all(0)
-    for node in (a, b):
-        wait_for(lambda node=node: len(node.ready_workers()) == 2, 30, what=f"{node.name} to claim once vouched for")
-        assert "claims_allowed" in node.log()
     skew.close()
 
 

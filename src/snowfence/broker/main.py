@@ -28,7 +28,6 @@ import zmq
 import zmq.backend
 
 from .. import protocol
-from ..clock import PENDING_VERDICT
 from ..config import Config
 from ..errors import ConfigError
 from ..logs import event, set_process_title
@@ -37,7 +36,7 @@ from .auth import CurveServer
 from .membership import Membership, advertised_endpoints, base_entry, node_name
 from .metrics import HealthServer, Metrics
 from .notify import Notifier
-from .peers import PeerClocks
+from .peers import ALONE, PENDING, VOUCHED, PeerClocks, Verdict
 from .router import ZmqFront
 from .supervisor import SIGNALS, Supervisor
 
@@ -144,6 +143,8 @@ class Node:
         self.curve: CurveServer | None = None
         self.health: HealthServer | None = None
         self.peers: PeerClocks | None = None
+        #: The peers' last verdict on this node's clock acted on (see :meth:`follow_verdict`).
+        self.verdict = Verdict(PENDING, None, None, "not judged yet")
         self.membership: Membership | None = None
         #: This node's entry in the cluster's membership: what does not change while it runs.
         self.entry: dict = {}
@@ -252,6 +253,8 @@ class Node:
                     interval_s=PEER_INTERVAL_S,
                     bound_ms=self.config.peer_offset_bound_ms,
                     curve=self.curve.for_peers(),
+                    # The membership's members are known once it was read.
+                    complete=self.membership is None,
                 )
                 self.metrics.peers = self.peers
             mode = "embedded" if self.config.embedded else f"etcd cluster {self.config.cluster!r}"
@@ -413,27 +416,50 @@ class Node:
             self.follow_membership(ready)
         if peers is not None:
             peers.tick(now_ns)
-            if peers.veto != routing.veto:
-                if bool(peers.veto) != bool(routing.veto):  # logged when it comes and goes, not per offset
-                    if peers.veto:
-                        event(log, "clock_veto", f"leaving rotation: {peers.veto}", level=logging.ERROR)
-                    else:
-                        event(log, "rejoined", "clock agrees with the cluster again")
-                routing.veto = peers.veto
-            if peers.judged:
-                was = routing.clock_verdict if routing.clock_verdict != PENDING_VERDICT else None
-                if bool(peers.claim_veto) != bool(was) and not peers.veto:
-                    if peers.claim_veto:
-                        event(log, "claims_vetoed", f"claiming no worker ID: {peers.claim_veto}", level=logging.ERROR)
-                    else:
-                        event(log, "claims_allowed", "a majority of the cluster vouches for the clock again")
-                routing.clock_verdict = peers.claim_veto  # tells the workers of a change
-                own = self.own.store if self.own is not None else None
-                if own is not None and own.claim_veto != peers.claim_veto:
-                    own.claim_veto = peers.claim_veto  # and the broker's own worker ID
+            if peers.verdict is not self.verdict:
+                self.follow_verdict(peers.verdict)
         if self.health is not None:  # the snapshot is the HTTP thread's; building one costs ~1 ms
             self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
         return True
+
+    def follow_verdict(self, verdict: Verdict) -> None:
+        """Act on the peers' verdict on this node's clock: the workers and the broker's own
+        worker ID are told first (no claim once it is refused), then it is logged on a change
+        of state. Refused (vetoed, or unvouched after the wait): out of rotation, no claims,
+        and the worker IDs held let go (the workers do that when told)."""
+        was, self.verdict = self.verdict, verdict
+        routing = self.router.core
+        routing.clock_verdict = verdict.claims  # tells the workers of a change
+        own = self.own.store if self.own is not None else None
+        if own is not None and own.claim_veto != verdict.claims:
+            own.claim_veto = verdict.claims  # and the broker's own worker ID
+        routing.veto = verdict.claims if verdict.refused else verdict.rotation
+        if (was.state, bool(was.rotation)) == (verdict.state, bool(verdict.rotation)):
+            return  # logged when it changes, not per offset measured
+        if verdict.refused:
+            name = "clock_veto" if verdict.rotation else "claims_vetoed"
+            event(
+                log,
+                name,
+                f"leaving rotation, claiming no worker ID and letting those held go: {verdict.claims}",
+                level=logging.ERROR,
+                verdict=verdict.state,
+            )
+        elif verdict.state == ALONE:
+            event(
+                log,
+                "clock_alone",
+                f"{verdict.reason}: claims count on this clock unchecked",
+                level=logging.WARNING,
+                verdict=verdict.state,
+            )
+        elif verdict.state == VOUCHED:
+            if was.refused and was.rotation:
+                event(log, "rejoined", "clock agrees with the cluster again", verdict=verdict.state)
+            elif was.refused:
+                event(log, "claims_allowed", "a majority of the cluster vouches for the clock again")
+            else:
+                event(log, "clock_vouched", f"clock vouched for ({verdict.reason}): claiming", verdict=verdict.state)
 
     def start_own(self) -> None:
         """The broker's own worker ID: claimed on a thread of its own once every worker
@@ -527,7 +553,7 @@ class Node:
         # gave up may come back as a new one's: every peer leaves the epoll set first.
         for sock in peers.sockets:
             ready.remove_zmq(sock)
-        peers.set_peers([*self.config.peers, *others])
+        peers.set_peers([*self.config.peers, *others], complete=self.membership.read_ns is not None)
         for sock in peers.sockets:
             ready.add_zmq(sock)
 
@@ -544,6 +570,8 @@ class Node:
             "fast_port": self.router.fast.describe() if self.router and self.router.fast else None,
             "http_port": self.router.http.describe() if self.router and self.router.http else None,
             "own_worker_id": self.own.describe() if self.own is not None else None,
+            # The peers' verdict on this node's clock (None: nobody judges it).
+            "clock": self.peers.verdict.to_dict() if self.peers is not None else None,
             "watermark": (
                 self.watermark.describe(time.time_ns() // 1_000_000 - config.layout.epoch_ms)
                 if self.watermark is not None

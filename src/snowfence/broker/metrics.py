@@ -32,6 +32,7 @@ from ..clock import read_kernel_clock
 from ..config import Config, host_port
 from ..protocol import WorkerState
 from .auth import Denials
+from .peers import STATES as CLOCK_VERDICTS
 
 log = logging.getLogger("snowfence.broker")
 
@@ -187,6 +188,11 @@ class Metrics:
         counter("snowfence_clock_forward_jumps", "Forward jumps of the wall clock seen by workers.", t["forward_jumps"])
         counter("snowfence_leases_lost", "Worker-ID leases lost (expired or taken over).", t["leases_lost"])
         counter("snowfence_claims", "Worker IDs claimed.", t["claims"])
+        counter(
+            "snowfence_clock_releases",
+            "Times a worker process let its worker IDs go because the peers refused this node's clock.",
+            t["clock_releases"],
+        )
         counter("snowfence_worker_restarts", "Worker processes restarted by the supervisor.", restarts)
         denied = CounterMetricFamily(
             "snowfence_curve_denials", "Clients turned away by CURVE, by reason.", labels=["reason"]
@@ -310,7 +316,16 @@ class Metrics:
             for peer, (offset_ns, delay_ns, _) in self.peers.offsets.items():
                 off.add_metric([peer], offset_ns / 1e9)
                 rtt.add_metric([peer], delay_ns / 1e9)
-            fams.extend([off, rtt])
+            verdict = GaugeMetricFamily(
+                "snowfence_clock_verdict",
+                "The peers' verdict on this node's clock: 1 for the state it is in (pending, vouched, alone: "
+                "nobody answered to judge it, vetoed or unvouched: refused, unbounded: only measured).",
+                labels=["verdict"],
+            )
+            state = self.peers.verdict.state
+            for name in CLOCK_VERDICTS:
+                verdict.add_metric([name], 1 if name == state else 0)
+            fams.extend([off, rtt, verdict])
         self.ready = bool(router.rotation) and router.accepting and router.veto is None
         if self.ready:
             self.ready_reason = "ready"

@@ -282,6 +282,7 @@ class WorkerCore:
         make_keeper: Callable[..., Keeper] = Keeper,
         parent_alive: Callable[[], bool] = lambda: True,
         before_tick: Callable[[], None] = lambda: None,
+        queued: Callable[[], list[bytes]] = list,
     ) -> None:
         self.config = config
         self.slot = slot
@@ -289,6 +290,10 @@ class WorkerCore:
         self.parent_alive = parent_alive
         #: What the loop does before the timers run (the worker process: the signals it queued).
         self.before_tick = before_tick
+        #: The frames the broker sent that wait to be read (the worker process: its socket's,
+        #: without waiting): taken in before each claim, so that no claim follows a verdict
+        #: the broker sent and logged.
+        self.queued = queued
         self.pid = pid
         self.holder = holder
         self.store = store
@@ -537,6 +542,9 @@ class WorkerCore:
         if self.stopping:
             return
         self.check_clock(now_ns)
+        veto = self.store.claim_veto if self.store is not None else None
+        if self.held and veto and veto != PENDING_VERDICT:
+            self.let_go(veto)
         for held in list(self.held):
             self.advance(held, now_ns)
         if len(self.held) < self.ids_wanted and now_ns >= self.next_claim_ns and not self.stopping:
@@ -645,8 +653,21 @@ class WorkerCore:
                     f"claiming no worker ID while the clock is not vouched for: {why}",
                     level=logging.WARNING,
                 )
+        self.state_dirty = True  # the timers run at once: what is held is let go (see tick)
         if len(self.held) < self.ids_wanted:  # the next tick claims (after a failure's back-off), or says why not
             self.next_claim_ns = max(self._mono(), self.claim_retry_ns)
+
+    def let_go(self, why: str) -> None:
+        """The clock is refused (no majority of the cluster vouches for it): release every
+        worker ID held, so that the node mints nothing stamped with that clock, holds no
+        mark back from the watermark and leaves the worker IDs to nodes whose clocks are
+        vouched for. It claims again once its clock is."""
+        worker_ids = ", ".join(str(h.lease.worker_id) for h in self.held)
+        self.release_all()
+        self.counters["clock_releases"] += 1
+        self.reason = f"let worker ID {worker_ids} go: the clock is not vouched for: {why}"
+        event(log, "clock_let_go", self.reason, level=logging.WARNING, worker_id=worker_ids)
+        self.state_dirty = True
 
     # -- leases -------------------------------------------------------------------------
 
@@ -659,6 +680,10 @@ class WorkerCore:
 
     def claim(self) -> bool:
         """Try to claim one more worker ID; False (and a back-off) if none could be."""
+        for frame in self.queued():  # a verdict the broker already sent counts for this claim
+            self.handle(frame, self._mono())
+        if self.stopping:
+            return False
         index = len(self.held)
         veto = self.store.claim_veto
         if veto:

@@ -103,6 +103,7 @@ class Worker:
             now_ns=time.monotonic_ns(),
             parent_alive=lambda: os.getppid() == self.broker_pid,
             before_tick=self.on_signals,
+            queued=self.queued,
         )
         try:
             self.loop(core)
@@ -129,6 +130,15 @@ class Worker:
             if wanted != wait_ms:
                 sock.setsockopt(zmq.RCVTIMEO, wanted)
                 wait_ms = wanted
+
+    def queued(self) -> list[bytes]:
+        """The frames waiting on the socket, read without waiting (taken in before a claim)."""
+        frames = []
+        while True:
+            try:
+                frames.append(_recv(self.sock, zmq.NOBLOCK))
+            except zmq.Again:
+                return frames
 
     def on_signals(self) -> None:
         """The signals queued since the last turn of the timers (handlers only enqueue)."""

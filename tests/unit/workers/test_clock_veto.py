@@ -7,7 +7,7 @@ import pytest
 from etcdrig import NOW_MS, claim
 from fakeclock import FakeClock
 from test_routing import Rig
-from test_worker_core import ScriptedLease, ScriptedStore, make_core
+from test_worker_core import ScriptedLease, ScriptedStore, make_core, ready_core, replies, work
 
 from snowfence import protocol
 from snowfence.broker.peers import verdicts
@@ -127,6 +127,56 @@ def test_a_vetoed_worker_asks_its_store_nothing_and_claims_at_once_when_vouched_
     core.handle(protocol.encode_clock(None), clock.mono_ns())  # no wait for the recheck
     core.tick(clock.mono_ns())
     assert len(store.claims) == 1 and [h.lease.worker_id for h in core.held] == [3]
+
+
+def test_a_refused_clock_lets_every_held_worker_id_go_and_mints_nothing_more(caplog):
+    clock = FakeClock()
+    core, sent, leases = ready_core(clock, ids=2)
+    claims = len(core.store.claims)
+    core.turn(protocol.encode_clock(WHY), clock.mono_ns())  # the timers run at once
+    assert core.held == [] and core.ready == []
+    assert [[call[0] for call in lease.calls] for lease in leases] == [["release"], ["release"]]
+    assert core.counters["clock_releases"] == 1
+    assert f"let worker ID 0, 1 go: the clock is not vouched for: {WHY}" in caplog.text
+    assert core.reason == f"claiming no worker ID until the clock is vouched for: {WHY}"
+    sent.clear()
+    work(core, clock, 7, 1)
+    (reply,) = replies(sent)
+    assert reply.error is not None  # refused: nothing stamped with that clock
+    for _ in range(5):
+        clock.advance_ms(300)
+        core.tick(clock.mono_ns())
+    assert len(core.store.claims) == claims and core.held == []  # and nothing claimed while refused
+
+
+def test_the_broker_own_worker_id_lets_go_when_its_store_is_told():
+    # The broker sets its own worker ID's store's veto (no frame): its next timer turn lets go.
+    clock = FakeClock()
+    core, _, leases = ready_core(clock, ids=1)
+    core.store.claim_veto = WHY
+    core.tick(clock.mono_ns())
+    assert core.held == [] and [call[0] for call in leases[0].calls] == ["release"]
+
+
+def test_a_pending_verdict_lets_nothing_go():
+    clock = FakeClock()
+    core, _, leases = ready_core(clock, ids=1)
+    core.store.claim_veto = PENDING_VERDICT
+    core.tick(clock.mono_ns())
+    assert len(core.held) == 1 and leases[0].calls == []
+
+
+def test_a_verdict_the_broker_already_sent_counts_for_the_next_claim():
+    # The claim takes in the frames waiting on the socket first: a veto sent (and logged)
+    # before the claim stops it, even when it waits behind other frames.
+    clock = FakeClock()
+    store = ScriptedStore([ScriptedLease(3, mark_ms=0)])
+    waiting = [protocol.PING_FRAME, protocol.encode_clock(WHY)]
+    core, _ = make_core(store, clock)
+    core.queued = lambda: [waiting.pop(0) for _ in range(len(waiting))]
+    core.tick(clock.mono_ns())
+    assert store.claims == [] and not core.held and store.claim_veto == WHY
+    assert WHY in core.reason
 
 
 def off(ms: float, at_ns: int = 0) -> tuple[int, int, int]:
