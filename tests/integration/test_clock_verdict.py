@@ -60,7 +60,8 @@ def test_a_node_10_s_behind_joining_a_healthy_cluster_claims_nothing_and_is_refu
         lambda: (lambda v: v if v["state"] == "vetoed" else None)(verdict(c)), 20, what="c's clock to be vetoed"
     )
     assert got["refusal"].startswith("clock disagrees with 2 of 2 peers by more than 500 ms")
-    assert re.search(r": \+(9999|1000[01])\.\d ms\)$", got["refusal"])  # the peers about 10 s ahead, named
+    ahead_ms = float(re.search(r": \+(\d+\.\d) ms\)$", got["refusal"]).group(1))
+    assert 9_500 < ahead_ms < 10_500  # the worst peer, about 10 s ahead, named
     assert (got["members"], got["answered"], got["vouching"]) == (2, 2, 0)
     # Refused by name: the log, the metrics, STATUS (and so status --json), readiness.
     assert "leaving rotation, claiming no worker ID and letting those held go: clock disagrees" in c.log()
@@ -119,7 +120,7 @@ def test_two_nodes_whose_clocks_disagree_past_the_bound_both_stop_and_say_why(no
         wait_for(lambda node=node: get(health(node), "/readyz")[0] == 503, 5, what=f"{node.name} not ready")
         with pytest.raises(SnowfenceError), node.client(retries=0, timeout_s=1.0) as client:
             client.reserve(1)
-    assert metric(health(a), "snowfence_clock_releases_total") >= 1
+    wait_for(lambda: metric(health(a), "snowfence_clock_releases_total") >= 1, 5, what="the releases counted")
     # The way out: stop one of them (or set its clock right). a is alone again and serves.
     assert b.stop() == 0
     wait_for(lambda: verdict(a)["state"] == "alone", 15, what="a to be alone once b's entry is gone")
