@@ -1333,19 +1333,25 @@ class World:
             self.at(self.T, p.loop, self.sigterm, p)
 
     def sigterm(self, p: Proc) -> None:
+        """The handler's queued signal, acted on at a turn of the loop: the core stops and
+        drains (its loop goes on until the core is finished)."""
         if p.up:
             p.core.stop("stopping", "signal received; draining")
-            self.worker_ends(p)
+            self.turn(p, None)
 
     def worker_ends(self, p: Proc) -> None:
-        """The core is stopping: workers/main.py's loop ends, then it releases what it holds,
-        sends its last STATE and exits with the core's status."""
+        """The core is finished (stopping, and done draining): workers/main.py's loop ends,
+        then it releases what it holds, sends its last STATE and exits with the core's status.
+        A clean stop leaves no request of its broker's unanswered in its socket."""
         core = p.core
         if core.boot_error is not None:
             self.boot_failed(p)
             return
         if core.stop_name == "orphaned" and p.node.broker.running:
             raise Violation(f"worker {p.holder} left its broker, which was running: {core.reason}")
+        queued = sum(1 for frame in p.inbox if frame[0] == protocol.WORK)
+        if queued and core.stop_name != "orphaned":
+            self.checker.fail(f"worker {p.holder} stopped with {queued} requests of its broker's queued, unanswered")
         self.run_on_loop(p, core.release_all)
         self.run_on_loop(p, core.send_state)
         self.exit(p, core.exit_code)
@@ -1409,7 +1415,7 @@ class World:
         wait_ms = core.turn(frame, p.node.clock.mono())
         if (core.counters["claims"], core.next_claim_ns, len(core.held)) != before:
             self.marks_dirty = True  # a claim was tried (it may write marks), or a worker ID dropped
-        if core.stopping:
+        if core.finished:
             self.worker_ends(p)
             return
         p.wait_id += 1

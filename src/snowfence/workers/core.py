@@ -16,8 +16,19 @@ The entry points, each taking the monotonic time it is called at:
 * :meth:`WorkerCore.tick` -- the timers: leave when the broker fell silent or
   went away, the host clock's policies, each held worker ID's state, claims
   with back-off, and the heartbeat STATE;
+* :meth:`WorkerCore.turn` -- one turn of the process's loop: a frame (or none),
+  then the timers when due; the loop goes on until :attr:`WorkerCore.finished`;
 * :meth:`WorkerCore.release_all` -- on the way out;
 * :meth:`WorkerCore.describe` -- the typed :class:`~snowfence.protocol.WorkerState`.
+
+Stopping drains: a core asked to stop (a signal, the broker's STOP) leaves rotation
+at once (a STATE that says so) and goes on answering the requests that reach it,
+until the broker's STOP frame has been taken (the broker sends no request after
+it, and frames come in order: every request sent before it has been answered), or
+nothing came for ``DRAIN_QUIET_NS`` (a signal from anyone else), or the drain's
+bound passed; only then is it :attr:`~WorkerCore.finished` and the process
+releases what it holds. A core that finds its broker gone drains nothing (there
+is no one to answer).
 
 A held worker ID moves through the states of :mod:`snowfence.workers.states`::
 
@@ -69,6 +80,14 @@ CLAIM_BACKOFF_MIN_S = 0.25
 #: lifts the veto starts a claim at once: this only bounds a verdict never told).
 VETOED_CLAIM_RECHECK_S = 1.0
 CLAIM_BACKOFF_MAX_S = 10.0
+#: While a stopping core drains: it is done once no frame came for this long (a stop
+#: the broker did not send: the broker's STOP frame ends the drain at once) ...
+DRAIN_QUIET_NS = 100_000_000
+#: ... or after this long at most (and at most half of ``shutdown_timeout_s``, so that the
+#: release that follows fits in the supervisor's grace before SIGKILL).
+DRAIN_MAX_NS = 1_000_000_000
+#: How long the loop waits for a frame while it drains.
+DRAIN_WAIT_MS = 10
 
 # Hot path: module-level names, read once.
 _WORK = protocol.WORK
@@ -327,6 +346,13 @@ class WorkerCore:
         self.stopping = False
         #: Why it is leaving, by the event's name ("stopping", "orphaned", ...), once it is.
         self.stop_name: str | None = None
+        #: Stopping, and done draining: the loop ends, the process releases and exits.
+        self.finished = False
+        #: The broker's STOP frame was taken: every request it sent before it was answered.
+        self.told_to_stop = False
+        #: When the drain ends at the latest, and when the last frame came (monotonic ns).
+        self.drain_until_ns = 0
+        self.last_frame_ns = now_ns
         self.reason = "claiming a worker ID"
         self.next_claim_ns = 0
         #: The earliest a claim may ask the store again after a failed one (its back-off).
@@ -368,9 +394,8 @@ class WorkerCore:
         if kind == _WORK:
             return self.work(frame, start_ns)
         if kind == protocol.STOP:
-            if not self.stopping:
-                event(log, "stopping", "broker asked to stop; draining")
-            self.stopping = True
+            self.stop("stopping", "broker asked to stop; draining")
+            self.told_to_stop = True
         elif kind == protocol.CLOCK:
             self.clock_veto(protocol.decode_clock(frame))
         # PING only proves the broker is alive; unknown kinds are ignored.
@@ -508,15 +533,34 @@ class WorkerCore:
         falls due sooner). The worker process and the simulator run this same step."""
         if frame is not None:
             self.heard = True
+            self.last_frame_ns = now_ns
             # The reading that ends a request's minting time also times the loop.
             now_ns = self.handle(frame, now_ns)
         if self.state_dirty or now_ns >= self.next_turn_ns:
             self.before_tick()
             self.tick(now_ns, parent_alive=self.parent_alive())
             self._plan_wait(now_ns)
+        if self.stopping:
+            self.finished = self.drained(now_ns)
         return self.wait_ms
 
+    def drained(self, now_ns: int) -> bool:
+        """Whether a stopping core is done answering what reaches it (see the module's
+        docstring): the broker's STOP taken, its broker gone, a boot error, quiet for
+        ``DRAIN_QUIET_NS`` or the drain's bound passed."""
+        return (
+            self.told_to_stop
+            or self.stop_name == "orphaned"
+            or self.boot_error is not None
+            or now_ns >= self.drain_until_ns
+            or now_ns - self.last_frame_ns >= DRAIN_QUIET_NS
+        )
+
     def _plan_wait(self, now_ns: int) -> None:
+        if self.stopping:
+            self.next_turn_ns = self.next_tick_ns
+            self.wait_ms = DRAIN_WAIT_MS
+            return
         next_ns = self.next_tick_ns
         if len(self.held) < self.ids_wanted and not self.stopping:
             next_ns = min(next_ns, max(self.next_claim_ns, now_ns))
@@ -540,6 +584,8 @@ class WorkerCore:
         elif now_ns - self.broker_seen_ns > self._silence_ns:
             self.stop("orphaned", "no word from the broker; releasing and exiting")
         if self.stopping:
+            if self.state_dirty:
+                self.send_state()  # out of rotation: the broker sends nothing more here
             return
         self.check_clock(now_ns)
         veto = self.store.claim_veto if self.store is not None else None
@@ -557,11 +603,17 @@ class WorkerCore:
             self.send_state()
 
     def stop(self, name: str, why: str) -> None:
-        """Leave: drain what is queued, release, exit (logged once)."""
+        """Leave: out of rotation at once, drain what reaches it (see :meth:`drained`), then
+        the process releases and exits (logged once)."""
         if not self.stopping:
             event(log, name, why, level=logging.WARNING if name == "orphaned" else logging.INFO)
             self.stop_name = name
-        self.stopping = True
+            self.stopping = True
+            self.state_dirty = True
+            now_ns = self._mono()
+            self.drain_until_ns = now_ns + min(DRAIN_MAX_NS, int(self.config.shutdown_timeout_s * 1e9) // 2)
+            # Quiet counts from the stop: what the broker sent meanwhile is answered.
+            self.last_frame_ns = max(self.last_frame_ns, now_ns)
 
     def advance(self, held: Held, now_ns: int) -> None:
         """Move a held worker ID to the state its lease, clock and mark call for."""
@@ -677,6 +729,7 @@ class WorkerCore:
         self.boot_error = exc
         self.reason = str(exc)
         self.stopping = True
+        self.finished = True  # nothing to drain: it never served
 
     def claim(self) -> bool:
         """Try to claim one more worker ID; False (and a back-off) if none could be."""

@@ -12,8 +12,10 @@ DEALER socket to the broker's backend and runs one loop around its
   core says how long the next wait may be (``IDLE_WAIT_MS``, or less while a
   claim falls due sooner);
 * SIGTERM, SIGINT and SIGHUP ask it to stop, as do the broker's STOP frame and
-  finding itself orphaned; it answers what the broker already queued, then
-  releases what it holds.
+  finding itself orphaned; it leaves rotation at once and goes on answering the
+  requests the broker sent it until the core says it is done draining
+  (:attr:`WorkerCore.finished`: the broker's STOP taken, or quiet, or a bound),
+  then releases what it holds.
 
 The loop never blocks longer than ``IDLE_WAIT_MS`` except inside one store call
 (bounded by its deadline) while claiming.
@@ -116,12 +118,13 @@ class Worker:
 
     def loop(self, core: WorkerCore) -> None:
         """Each frame (or a wait that ended without one) to the core's :meth:`~WorkerCore.turn`,
-        which also says how long the next wait for a frame may be."""
+        which also says how long the next wait for a frame may be, until the core is
+        finished (stopping, and done draining)."""
         sock = self.sock
         turn = core.turn
         mono = time.monotonic_ns
         wait_ms = IDLE_WAIT_MS
-        while not core.stopping:
+        while not core.finished:
             try:
                 frame = _recv(sock)  # waits at most RCVTIMEO
             except zmq.Again:
@@ -147,18 +150,6 @@ class Worker:
                 self._hang()
             self._signals.clear()
             self.core.stop("stopping", "signal received; draining")
-
-    def drain(self, core: WorkerCore) -> None:
-        """Answer what the broker already queued here, then stop (bounded in time)."""
-        deadline = time.monotonic() + min(1.0, self.config.shutdown_timeout_s / 2)
-        while time.monotonic() < deadline:
-            try:
-                frame = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                if not self.sock.poll(20, zmq.POLLIN):
-                    break
-                continue
-            core.handle(frame, time.monotonic_ns())
 
     def _hang(self) -> None:
         event(log, "fault_hang", "fault hook: the minting loop hangs now", level=logging.WARNING)

@@ -16,7 +16,7 @@ from snowfence.clock import HostClock
 from snowfence.config import Config
 from snowfence.errors import ConfigError, LeaseLost, SnowfenceError, StateDirError
 from snowfence.store.base import Lease, Store
-from snowfence.workers.core import CLAIM_BACKOFF_MIN_S, Clocks, WorkerCore
+from snowfence.workers.core import CLAIM_BACKOFF_MIN_S, DRAIN_QUIET_NS, Clocks, WorkerCore
 from snowfence.workers.exits import Exit
 from snowfence.workers.keeper import Keeper
 from snowfence.workers.states import FENCED, READY, WAITING
@@ -317,6 +317,68 @@ def test_stop_from_the_broker_is_obeyed_and_describe_says_stopping():
     core.handle(protocol.STOP_FRAME, clock.mono_ns())
     state = core.describe(clock.mono_ns())
     assert core.stopping and state.state == "stopping" and state.ready is False
+
+
+def work_frame(request_id: int, n: int = 1) -> bytes:
+    return protocol.encode_work(0, b"client", protocol.encode_reserve(request_id, n))
+
+
+def test_a_signal_stops_the_core_out_of_rotation_and_it_answers_what_still_comes_until_quiet():
+    clock = FakeClock()
+    core, sent, _ = ready_core(clock)
+    sent.clear()
+    core.stop("stopping", "signal received; draining")
+    core.turn(None, clock.mono_ns())
+    [state] = states(sent)  # at once: the broker sends nothing more here
+    assert state.state == "stopping" and state.ready is False and not core.finished
+    # Requests the broker sent before it read that STATE are still answered, with IDs.
+    for rid in (1, 2, 3):
+        clock.advance_ms(30)
+        core.turn(work_frame(rid), clock.mono_ns())
+        assert not core.finished
+    assert [r.request_id for r in replies(sent)] == [1, 2, 3]
+    assert all(r.type == protocol.BLOCK for r in replies(sent))
+    clock.advance_ms(DRAIN_QUIET_NS // 1_000_000 - 10)
+    core.turn(None, clock.mono_ns())
+    assert not core.finished
+    clock.advance_ms(10)  # quiet for DRAIN_QUIET_NS since the last request
+    core.turn(None, clock.mono_ns())
+    assert core.finished
+
+
+def test_the_brokers_stop_ends_the_drain_once_everything_it_sent_before_it_was_answered():
+    clock = FakeClock()
+    core, sent, _ = ready_core(clock)
+    sent.clear()
+    core.stop("stopping", "signal received; draining")  # the signal is acted on first
+    for rid in (1, 2):
+        core.turn(work_frame(rid), clock.mono_ns())
+    assert not core.finished
+    core.turn(protocol.STOP_FRAME, clock.mono_ns())  # the broker sends nothing after it
+    assert core.finished and [r.request_id for r in replies(sent)] == [1, 2]
+
+
+def test_the_drain_is_bounded_when_frames_never_stop_coming():
+    clock = FakeClock()
+    core, _, _ = ready_core(clock, shutdown_timeout_s=1.0)
+    core.stop("stopping", "signal received; draining")
+    began = clock.mono_ns()
+    while not core.finished:
+        clock.advance_ms(20)
+        core.turn(protocol.PING_FRAME, clock.mono_ns())
+        assert clock.mono_ns() - began <= 10 * NS
+    # Half the supervisor's grace (0.5 s here), so that the release fits in the rest of it.
+    assert clock.mono_ns() - began == 500_000_000
+
+
+def test_a_core_whose_broker_is_gone_drains_nothing():
+    clock = FakeClock()
+    core, _, _ = ready_core(clock)
+    core.turn(None, clock.mono_ns())
+    core.parent_alive = lambda: False
+    clock.advance_ms(20)
+    core.turn(None, clock.mono_ns())
+    assert core.stopping and core.stop_name == "orphaned" and core.finished
 
 
 def test_a_request_that_is_not_a_reserve_is_answered_bad_request_and_counted():
