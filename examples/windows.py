@@ -2,13 +2,16 @@
 second only when no event of it can still come.
 
     python examples/windows.py --connect tcp://127.0.0.1:5555 --seconds 10
+    python examples/windows.py --pause-every-s 3 --pause-s 2.5   # producers that go quiet
 
 Producers stamp events with IDs (`AsyncClient.ids()`); the closer asks for the
 cluster's watermark W: no ID carrying a millisecond before W is minted after the reply.
 IDs minted earlier may still be in a producer's hand, in a prefetched block at most
 `max_age_s` old, so the closer waits for that too: a window closes when its end is at or
-below both W and the wall clock less `max_age_s` (and the skew bound). An event that
-arrives for a closed window would be late: this example counts them, and there are none.
+below both W and the wall clock less `max_age_s` (and the skew bound): `ids()` hands out
+no ID older than `max_age_s`, also after a producer paused with a block in hand. An event
+that arrives for a closed window would be late: this example counts them, and there are
+none, however long the producers pause (``--pause-s``).
 """
 
 from __future__ import annotations
@@ -28,12 +31,19 @@ MAX_AGE_S = 0.5
 SKEW_MS = 100
 
 
-async def produce(client: AsyncClient, log: list[int], stop: asyncio.Event) -> None:
-    """Stands in for a service that stamps what it writes; appends to the closer's input."""
+async def produce(
+    client: AsyncClient, log: list[int], stop: asyncio.Event, pause_every_s: float = 0.0, pause_s: float = 0.0
+) -> None:
+    """Stands in for a service that stamps what it writes; appends to the closer's input.
+    With ``pause_every_s``, it goes quiet for ``pause_s`` that often (a stall, a GC pause)."""
     ids = client.ids(max_age_s=MAX_AGE_S, batch=64)
+    next_pause = time.monotonic() + pause_every_s
     while not stop.is_set():
         log.append(await anext(ids))
         await asyncio.sleep(0.0005)
+        if pause_every_s and time.monotonic() >= next_pause:
+            await asyncio.sleep(pause_s)
+            next_pause = time.monotonic() + pause_every_s
     await ids.aclose()
 
 
@@ -63,11 +73,16 @@ async def close_windows(client: AsyncClient, log: list[int], stop: asyncio.Event
     return closed, late
 
 
-async def main_async(connect: list[str], seconds: float, producers: int) -> tuple[int, int]:
+async def main_async(
+    connect: list[str], seconds: float, producers: int, pause_every_s: float = 0.0, pause_s: float = 0.0
+) -> tuple[int, int]:
     stop = asyncio.Event()
     log: list[int] = []
     async with AsyncClient(connect, timeout_s=2.0) as client:
-        tasks = [asyncio.create_task(produce(client, log, stop)) for _ in range(producers)]
+        tasks = [
+            asyncio.create_task(produce(client, log, stop, pause_every_s * (1 + i / producers), pause_s))
+            for i in range(producers)
+        ]
         closer = asyncio.create_task(close_windows(client, log, stop))
         try:
             # Until the time is up, or a task fails (no node answering, say).
@@ -87,9 +102,13 @@ def main() -> int:
     parser.add_argument("--connect", default=os.environ.get("SNOWFENCE_CONNECT", "tcp://127.0.0.1:5555"))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--pause-every-s", type=float, default=0.0, help="producers go quiet this often (0: never)")
+    parser.add_argument("--pause-s", type=float, default=0.0, help="for this long each time")
     args = parser.parse_args()
     try:
-        closed, late = run(main_async(args.connect.split(","), args.seconds, args.producers))
+        closed, late = run(
+            main_async(args.connect.split(","), args.seconds, args.producers, args.pause_every_s, args.pause_s)
+        )
     except SnowfenceError as exc:  # one line, not a traceback: the node is not there, say
         print(f"windows: {exc.code}: {exc}", file=sys.stderr)
         return 1

@@ -35,6 +35,7 @@ from .core import (
     StatusRound,
     Watermark,
     close_dealer,
+    fresh,
     greeting_address,
     greeting_mechanism,
     monitor_event,
@@ -615,8 +616,9 @@ class AsyncClient(ClientBase):
         """An endless async iterator of IDs that keeps blocks in hand (see ``Client.ids``).
 
         A background task refills the blocks; the number kept adapts to the
-        consumer between 1 and ``prefetch``, and blocks older than ``max_age_s``
-        when their turn comes are dropped.
+        consumer between 1 and ``prefetch``. No ID is handed out more than
+        ``max_age_s`` after the client asked for its block, checked at each ID
+        (None: nothing checked or dropped).
         """
         prefetched = Prefetch(PrefetchDepth(batch, prefetch, max_age_s))
         wanted = asyncio.Event()
@@ -628,23 +630,26 @@ class AsyncClient(ClientBase):
                     while not prefetched.wanted():
                         wanted.clear()
                         await wanted.wait()
+                    asked_ns = time.monotonic_ns()  # before the blocks are minted: their age counts from here
                     got = await self._reserve(prefetched.wanted(), chunk=batch)
-                    prefetched.add(got, time.monotonic_ns())
+                    prefetched.add(got, asked_ns)
                     arrived.set()
             except SnowfenceError as exc:
                 prefetched.error = exc
                 arrived.set()
 
         task = asyncio.get_running_loop().create_task(refill())
+        clock = time.monotonic_ns
         try:
             while True:
-                ids = prefetched.take(time.monotonic_ns())
+                taken = prefetched.take(clock())
                 wanted.set()  # room for a block, or the consumer starved: the refill goes on
-                if ids is None:
+                if taken is None:
                     arrived.clear()
                     await arrived.wait()
                     continue
-                for id_ in ids:
+                ids, deadline_ns = taken
+                for id_ in ids if deadline_ns is None else fresh(ids, deadline_ns, clock):
                     yield id_
         finally:
             task.cancel()

@@ -10,6 +10,7 @@ Retriable errors are retried with back-off; anything else is raised at once.
 from __future__ import annotations
 
 import itertools
+import operator
 import socket
 import struct
 import threading
@@ -38,6 +39,7 @@ from .core import (
     StatusRound,
     Watermark,
     close_dealer,
+    fresh,
     greeting_address,
     greeting_mechanism,
     monitor_event,
@@ -105,6 +107,9 @@ def node_mechanism(endpoint: str, timeout_s: float) -> str | None:
 
 #: The longest a client waits for a node's greeting (see :func:`node_mechanism`).
 GREETING_TIMEOUT_S = 0.5
+
+
+_ids_of = operator.itemgetter(0)
 
 
 class _Lost(Exception):
@@ -308,20 +313,26 @@ class Client(ClientBase):
     def ids(self, batch: int = protocol.MAX_BLOCK, prefetch: int = 64, max_age_s: float | None = 1.0) -> Iterator[int]:
         """An endless iterator of IDs that keeps blocks in hand.
 
-        A background thread with its own socket refills the blocks, so the
-        consumer's loop runs over plain integer ranges. How many blocks it keeps
-        adapts to the consumer, up to ``prefetch``: it doubles when the consumer
-        had to wait and halves when a block grew stale. Blocks older than
-        ``max_age_s`` when their turn comes are dropped, so the IDs handed out
-        stay close to the consumer's time order (None keeps every block).
-        The iterator is for one thread; each thread may call ``ids()`` for its
-        own. It stops refilling when the client is closed.
+        A background thread with its own socket refills the blocks. How many
+        blocks it keeps adapts to the consumer, up to ``prefetch``: it doubles
+        when the consumer had to wait and halves when a block grew stale. No ID
+        is handed out more than ``max_age_s`` after the client asked for its
+        block: checked at each ID, so also after a pause in the middle of a
+        block (what went stale is dropped). ``max_age_s=None`` checks and drops
+        nothing: the consumer's loop then runs over plain integer ranges, the
+        fastest. The iterator is for one thread; each thread may call ``ids()``
+        for its own. It stops refilling when the client is closed.
         """
         fetcher = Prefetcher(self, PrefetchDepth(batch, prefetch, max_age_s))
         self._prefetchers.append(fetcher)
-        # chain over iter(callable, sentinel): both run in C, so each ID costs what
-        # iterating a range costs; Python runs only once per block, in take().
-        return itertools.chain.from_iterable(iter(fetcher.take, None))
+        blocks = iter(fetcher.take, None)
+        if max_age_s is None:
+            # chain and map over iter(callable, sentinel): all in C, so each ID costs what
+            # iterating a range costs; Python runs only once per block, in take().
+            return itertools.chain.from_iterable(map(_ids_of, blocks))
+        # One read of the monotonic clock per ID: what an exact max_age_s costs (see core.prefetch).
+        clock = time.monotonic_ns
+        return itertools.chain.from_iterable(fresh(ids, deadline_ns, clock) for ids, deadline_ns in blocks)
 
     def status(self) -> dict:
         """The broker's view of itself and its workers."""
@@ -666,14 +677,15 @@ class Prefetcher:
         self._thread = threading.Thread(target=self._refill, name="snowfence-prefetch", daemon=True)
         self._thread.start()
 
-    def take(self) -> range:
-        """The next block's IDs; waits for one if none is in hand."""
+    def take(self) -> tuple[range, int | None]:
+        """The next block's IDs and until when they may be handed out (see
+        :meth:`Prefetch.take`); waits for one if none is in hand."""
         with self._cond:
             while True:
-                ids = self.prefetch.take(time.monotonic_ns())
+                taken = self.prefetch.take(time.monotonic_ns())
                 self._cond.notify()  # room for a block, or the consumer starved: the refill goes on
-                if ids is not None:
-                    return ids
+                if taken is not None:
+                    return taken
                 self._cond.wait(1.0)
 
     def _refill(self) -> None:
@@ -686,9 +698,10 @@ class Prefetcher:
                     if prefetch.closed:
                         return
                     want = prefetch.wanted()
+                asked_ns = time.monotonic_ns()  # before the blocks are minted: their age counts from here
                 blocks = self._source._reserve(want, chunk=prefetch.depth.batch)
                 with self._cond:
-                    prefetch.add(blocks, time.monotonic_ns())
+                    prefetch.add(blocks, asked_ns)
                     self._cond.notify_all()
         except SnowfenceError as exc:
             with self._cond:

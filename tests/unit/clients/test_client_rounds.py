@@ -374,13 +374,13 @@ def test_prefetched_blocks_are_handed_out_in_order_stale_ones_passed_over_and_th
     p = Prefetch(PrefetchDepth(batch=10, depth=8, max_age_s=1.0))
     assert p.wanted() == 20  # two blocks to begin with
     assert p.take(0) is None and p.depth.target == 4 and p.wanted() == 40  # the consumer waited
-    p.add([Block(100, 10), Block(200, 10)], now_ns=0)
-    p.add([Block(300, 10)], now_ns=2 * S)
-    assert p.take(2 * S) == range(300, 310)  # the first two went stale
+    p.add([Block(100, 10), Block(200, 10)], asked_ns=0)
+    p.add([Block(300, 10)], asked_ns=2 * S)
+    assert p.take(2 * S) == (range(300, 310), 3 * S)  # the first two went stale; these until 3 s
     assert p.depth.dropped == 2
-    p.add([Block(400, 10)], now_ns=2 * S)
+    p.add([Block(400, 10)], asked_ns=2 * S)
     p.error = Timeout("no reply")
-    assert p.take(2 * S) == range(400, 410)  # what is in hand first
+    assert p.take(2 * S) == (range(400, 410), 3 * S)  # what is in hand first
     with pytest.raises(Timeout):
         p.take(2 * S)
     p.error, p.closed = None, True
@@ -398,3 +398,30 @@ def test_both_clients_take_the_same_arguments_with_the_same_defaults():
     c = ClientBase(A)
     assert (c.timeout_s, c.retries, c.window, c.wait_for_server, c.curve) == (5.0, 5, 32, False, None)
     assert ClientBase(A, wait_for_server=True).wait_for_server
+
+
+def test_each_id_is_handed_out_only_until_its_blocks_deadline():
+    from snowfence.clients.core import fresh
+
+    now = [0]
+    handed = []
+    for id_ in fresh(range(100, 110), 5, lambda: now[0]):
+        handed.append(id_)
+        now[0] += 1  # the consumer takes a moment over each, or pauses
+    assert handed == list(range(100, 106))  # read at 0..5: the sixth one at the deadline itself, then no more
+    now[0] = 6
+    assert list(fresh(range(100, 110), 5, lambda: now[0])) == []  # a block gone stale before its first ID
+
+
+def test_a_block_taken_without_max_age_has_no_deadline_and_is_never_stale():
+    from snowfence.clients.core import Block, Prefetch
+
+    p = Prefetch(PrefetchDepth(batch=10, depth=8, max_age_s=None))
+    p.add([Block(100, 10)], asked_ns=0)
+    assert p.take(10**6 * S) == (range(100, 110), None)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "1", True])
+def test_max_age_must_be_a_positive_number_of_seconds_or_none(bad):
+    with pytest.raises(ValueError, match="max_age_s"):
+        PrefetchDepth(batch=10, depth=8, max_age_s=bad)

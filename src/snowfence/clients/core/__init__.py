@@ -35,7 +35,7 @@ from .directory import DISCOVER_EVERY_S, DISCOVER_TIMEOUT_S, Directory
 from .fastpath import FAST_CONNECT_TIMEOUT_S, FAST_RETRY_S, KEEP, FastPath, fits_one_request
 from .handshake import EVENTS, GREETING_BYTES, GREETING_START, Link, greeting_address, greeting_mechanism
 from .inflight import Core, Pending
-from .prefetch import Prefetch, PrefetchDepth
+from .prefetch import Prefetch, PrefetchDepth, fresh
 from .rounds import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -82,6 +82,7 @@ __all__ = [
     "check_after",
     "check_count",
     "fits_one_request",
+    "fresh",
     "greeting_address",
     "greeting_mechanism",
     "close_dealer",
