@@ -1,7 +1,12 @@
 """For the whole suite: the run fails if anything it started outlives it (see leftovers.py),
-and the processes it starts meet SIGHUP as from a terminal."""
+the processes it starts meet SIGHUP as from a terminal, and each test process is a host
+of its own (see netns.py)."""
 
+import os
 import signal
+
+import netns
+import pytest
 
 from leftovers import (  # noqa: F401
     pytest_sessionfinish,
@@ -17,7 +22,20 @@ def _survive_hangup(signum, frame) -> None:
     pass
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config) -> None:
+    # Two test processes at once need a network namespace each (netns.py), which takes
+    # root: without it, the tests run one at a time.
+    if os.geteuid() != 0 and config.getoption("numprocesses", None):
+        config.option.numprocesses = 0
+        config.option.dist = "no"
+
+
 def pytest_configure(config) -> None:
+    # Every process that runs tests (an xdist worker, or the only process) moves into a
+    # network namespace of its own before it starts anything; the xdist controller runs none.
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        netns.isolate()
     # A suite run under nohup inherits SIGHUP ignored, and an ignored signal stays ignored
     # across exec: every node would be "started under nohup", and the tests of SIGHUP
     # would wait for a stop that never comes. A handler of our own keeps this run alive

@@ -182,6 +182,12 @@ class LayoutMismatch(ConfigError):
     code = "layout_mismatch"
 
 
+class RegionHeld(ConfigError):
+    """This node's region is served on this host from another home (state directory or etcd cluster)."""
+
+    code = "region_held"
+
+
 class StateDirError(ConfigError):
     """The state directory cannot be used."""
 

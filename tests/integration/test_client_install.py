@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import netns
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +70,11 @@ def client_venv(tmp_path_factory) -> Path:
     # The wheel by its path (never a "snowfence" from the index); its dependencies at the versions
     # this environment runs, which pip's cache likely holds.
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in ("pyzmq", "orjson")]
-    p = run(python, "-m", "pip", "install", "--disable-pip-version-check", "-q", wheel, *pins, timeout=180)
+    # pip reaches the index from the machine's network namespace, not the test process's own.
+    p = run(
+        python, "-m", "pip", "install", "--disable-pip-version-check", "-q", wheel, *pins,
+        timeout=180, preexec_fn=netns.outside,
+    )
     if p.returncode != 0 and OFFLINE.search(p.stdout + p.stderr) and not ci():
         pytest.skip(f"the package index is out of reach: {p.stderr.strip().splitlines()[-1]}")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

@@ -31,6 +31,7 @@ from .. import protocol
 from ..config import Config
 from ..errors import ConfigError
 from ..logs import event, set_process_title
+from ..store import home
 from . import preflight, rundir
 from .auth import CurveServer
 from .membership import Membership, advertised_endpoints, base_entry, node_name
@@ -156,6 +157,8 @@ class Node:
         self.watermark: Watermark | None = None
         #: When the loop last gave the timers their turn (monotonic ns).
         self.loop_ns = time.monotonic_ns()
+        #: This node's name for its region's home on this host (see store/home.py).
+        self.home: home.HomeHold | None = None
         self.supervisor = Supervisor(config, self._spawn, on_stop=self._on_stop, on_exit=self._on_exit)
 
     @property
@@ -195,6 +198,10 @@ class Node:
     def _run(self) -> int:
         sup = self.supervisor
         preflight.check(self.config)
+        # Held before anything is bound or spawned, and let go after every worker is gone:
+        # while any process of this node may mint, no other home may serve its region here.
+        self.home = home.HomeHold(home.for_config(self.config))
+        self.home.hold()
         for name, message in preflight.warnings(self.config):
             event(log, name, message, level=logging.WARNING)
         # Read (and taken out of the environment) before any worker is spawned.
@@ -304,6 +311,7 @@ class Node:
             wake_r.close()
             wake_w.close()
             rundir.remove(self.rundir)
+            self.home.close()
         event(log, "stopped", f"snowfence stopped (exit status {sup.exit_code})", exit_status=sup.exit_code)
         return sup.exit_code
 

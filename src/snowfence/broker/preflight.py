@@ -14,6 +14,8 @@ clock that may have stepped since.
 - So must the journal directory (``journal_dir``), which the workers write
   before their first claim.
 - ``bind`` is one endpoint.
+- No other home (another state directory, or an etcd cluster) serves this node's
+  region on this host (see ``store/home.py``; ``serve`` then holds its own).
 - The layout must be the one the store recorded, if it recorded one (read
   without writing; etcd not answering is left to the workers), and in etcd
   mode the region must not be another cluster's (:func:`check_region`).
@@ -35,6 +37,7 @@ import orjson
 from ..config import Config, missing_modules
 from ..errors import ConfigError, EtcdUnavailable, LayoutMismatch, StateDirError
 from ..ids import format_unix_ms
+from ..store import home
 from ..store.genesis import Genesis
 from . import auth
 from .membership import WILDCARD_HOSTS
@@ -69,6 +72,7 @@ def check(config: Config, *, create: bool = True) -> None:
     require_server()
     check_epoch(config)
     check_bind(config)
+    home.check(config)  # before anything is made on disk
     check_state_dir(config.state_dir, create=create)
     check_state_dir(config.journal_path, create=create, what="journal directory")
     if config.curve_secret_key:
