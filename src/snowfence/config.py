@@ -170,9 +170,9 @@ class Config:
         5.0,
         "The longest reservation_window_s any node of this store may use, in seconds: set it alike on every "
         "node (a node with a longer window will not start). A worker ID whose state the store forgot mints "
-        "nothing for this long (plus max_clock_skew_ms in etcd mode, where a store that looks new waits it out "
-        "too): a node nobody remembers may have reserved that far ahead. etcd records the highest with the "
-        "region's claim; on one host (one clock) a new store waits out max_ahead_ms instead.",
+        "nothing for this long (plus max_clock_skew_ms in etcd mode), and so does a store that looks new (a first "
+        "start, or a state directory made again under a node this one cannot see): a node nobody remembers may "
+        "have reserved that far ahead. etcd records the highest with the region's claim.",
         metavar="S",
     )
 
@@ -189,9 +189,9 @@ class Config:
     )
     max_ahead_ms: int = setting(
         1000,
-        "hlc: how far the logical clock (and a causal token) may run ahead of the wall clock. A new embedded "
-        "store (a wiped state directory) mints nothing for this long whatever the policy, since an hlc node "
-        "that used the directory may have run that far ahead: set it alike on every node of a directory.",
+        "hlc: how far the logical clock (and a causal token) may run ahead of the wall clock: set it alike on "
+        "every node of a directory (a worker ID whose holder let go unseen waits this long; a new store waits "
+        "out max_reservation_window_s, which is longer).",
         metavar="MS",
     )
     max_clock_error_ms: int = setting(

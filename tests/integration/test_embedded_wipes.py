@@ -202,3 +202,36 @@ def test_a_node_killed_while_its_logical_clock_ran_ahead_and_restarted_on_its_wi
     check_blocks(before + after)
     below = below_earlier(before, after, DEFAULT_LAYOUT)
     assert not below, f"the restarted node minted below its worker IDs' earlier IDs: {below}"
+
+
+def test_a_directory_made_again_under_a_live_node_another_namespace_cannot_see(nodes, tmp_path):
+    """The state directory removed and made again under a live node, and a new node started on
+    it from another network namespace (a container without the host's network): neither the
+    region's home nor the witnesses reach it, and the new directory holds nothing of the old.
+    The new store waits out the longest a holder it cannot see could still mint (the
+    reservation window every node of the store keeps to) before its first ID."""
+    if not is_root():
+        pytest.skip("a network namespace of its own (unshare -n) needs root")
+    state = tmp_path / "state"
+    args = (*TWO, *SLOW_KEEPER)
+    a = nodes.start("a", workers=2, state_dir=state, args=(*args, "--journal-dir", str(tmp_path / "a-journal")))
+    a.wait_ready(timeout_s=30)
+    load_a = Load(a, threads=2)
+    wait_for(lambda: load_a.ids() > 20_000, 20, what="a to serve")
+    # Just after one of a's keep-alives: its holders go on minting for up to 8 s before
+    # their next check can see their files gone.
+    revs = mark_revisions(state)
+    wait_for(lambda: mark_revisions(state) != revs, 20, interval_s=0.01, what="a keep-alive of a")
+    state.rename(tmp_path / "state.removed")
+    state.mkdir()
+    shutil.rmtree(tmp_path / "state.removed")
+    c = nodes.start("c", workers=2, state_dir=state, args=args, prefix=("unshare", "-n"))
+    load_c = Load(c, threads=2)
+    wait_for(lambda: a.log().count("lease_exclusivity_lost") >= 2, 25, what=f"a to fence; log:\n{a.log_tail()}")
+    wait_for(lambda: load_c.ids() > 20_000, 40, what=f"c to serve; log:\n{c.log_tail()}")
+    before, after = load_a.stop(), load_c.stop()
+    assert repeated_ids(before + after) == 0, f"{repeated_ids(before + after)} IDs issued twice"
+    check_blocks(before + after, TWO_LAYOUT)
+    below = below_earlier(before, after, TWO_LAYOUT)
+    assert not below, f"c minted below a's IDs of the same worker ID: {below}"
+    assert "it mints nothing for 20000 ms" in c.log(), c.log_tail()

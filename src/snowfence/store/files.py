@@ -505,15 +505,19 @@ class FileStore(Store):
             # First start: record ours by an exclusive create of a complete file
             # (link(2) fails if the name exists), so of two nodes starting at once
             # exactly one records its genesis and the other reads it back.
-            # A node that minted here before (its records since removed with the directory's
-            # other files) minted at most its logical clock's run-ahead above the host's clock:
-            # the new store mints nothing until that has passed.
+            # A store that looks new may be a directory made again under a live node this
+            # one cannot see (in another network namespace: the region's home and the
+            # witnesses are out of its sight). Such a holder goes on minting until its
+            # keeper finds its files gone, never above its mark, which it set at most a
+            # reservation window ahead (the longest any node of this store may use; an hlc
+            # node's run-ahead is below it): the new store mints nothing until that passed.
             now_unix_ms = self._wall_ns() // 1_000_000
+            wait_ms = self.quarantine_ms()
             genesis = Genesis.create(
                 layout,
                 now_unix_ms=now_unix_ms,
                 window_ms=self.window_ms,
-                quarantine_until_ms=now_unix_ms - layout.epoch_ms + self.run_ahead_ms(),
+                quarantine_until_ms=now_unix_ms - layout.epoch_ms + wait_ms,
             )
             tmp = _tmp_name(path)
             try:
@@ -523,7 +527,14 @@ class FileStore(Store):
                 except FileExistsError:
                     pass
                 else:
-                    event(log, "store_created", f"new store {genesis.store_id} in {self.root}", store=genesis.store_id)
+                    event(
+                        log,
+                        "store_created",
+                        f"new store {genesis.store_id} in {self.root}: it mints nothing for {wait_ms} ms, the "
+                        "longest a node of a directory this one may have replaced could still mint",
+                        store=genesis.store_id,
+                        quarantine_ms=wait_ms,
+                    )
                 finally:
                     os.unlink(tmp)
                 _fsync_dir(self.root)
