@@ -1003,6 +1003,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = _load_config(args)
     if config.etcd:
         return _cluster_status(config, args.json)
+    if len(_endpoints(args)) > 1:
+        return _nodes_status(args)
     with _client(args) as client:
         status = client.status()
     if args.json:
@@ -1298,6 +1300,62 @@ def _cluster_status(config, as_json: bool) -> int:
             f"{'yes' if e.get('mark_passed') else 'no':<6} {e.get('holder') or e.get('last_holder') or ''}"
         )
     return 1 if conflicts else 0
+
+
+def _nodes_status(args: argparse.Namespace) -> int:
+    """``status --connect EP,EP...``: each node's own view, and whether two of them answer for
+    one region from two stores (two homes: their IDs may repeat each other's). Exit status 1
+    for such a conflict or a node that did not answer."""
+    from .clients import Client
+
+    _curve_keys(args)
+    views: dict[str, dict] = {}
+    for endpoint in _endpoints(args):
+        try:
+            with Client(
+                endpoint,
+                timeout_s=args.timeout,
+                retries=0,
+                server_key=args.server_key,
+                client_key=args.client_key,
+                discover=False,
+            ) as client:
+                views[endpoint] = client.status()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        except SnowfenceError as exc:
+            views[endpoint] = {"error": {"code": exc.code, "message": str(exc)}}
+    homes: dict[int, tuple[str, str]] = {}
+    conflicts = []
+    for endpoint, status in views.items():
+        region, store = status.get("region"), (status.get("broker") or {}).get("store_id")
+        if type(region) is not int or not store:
+            continue
+        seen = homes.setdefault(region, (endpoint, store))
+        if seen[1] != store:
+            conflicts.append(
+                {"region": region, "endpoints": [seen[0], endpoint], "stores": [seen[1], store]}
+            )
+    if args.json:
+        print(orjson.dumps({"nodes": views, "conflicts": conflicts}, option=orjson.OPT_INDENT_2).decode())
+    else:
+        for endpoint, status in views.items():
+            if "error" in status:
+                print(f"{endpoint}: no answer ({status['error']['code']}: {status['error']['message']})")
+                continue
+            broker = status.get("broker") or {}
+            print(
+                f"{endpoint}: region {status.get('region')}, store {broker.get('store_id') or '(not read yet)'}, "
+                f"{broker.get('mode')} mode, {broker.get('workers_in_rotation')} of "
+                f"{len(broker.get('slots', []))} workers in rotation"
+            )
+        for c in conflicts:
+            print(
+                f"CONFLICT: region {c['region']} is answered from two stores, {c['endpoints'][0]} (store "
+                f"{c['stores'][0]}) and {c['endpoints'][1]} (store {c['stores'][1]}): their IDs may repeat each "
+                "other's. Give each store its own region, or let these nodes share one store"
+            )
+    return 1 if conflicts or any("error" in v for v in views.values()) else 0
 
 
 def _clusters_status(configs: list, as_json: bool) -> int:

@@ -99,6 +99,12 @@ class Unavailable(SnowfenceError):
     retriable = True
 
 
+class StoreConflict(SnowfenceError):
+    """Two nodes answer for one region from two stores (two homes): their IDs may repeat each other's."""
+
+    code = "store_conflict"
+
+
 class Timeout(Unavailable):
     """No reply arrived within the client's timeout."""
 

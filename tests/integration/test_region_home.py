@@ -10,8 +10,16 @@ nodes of other regions, run on.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+
+import orjson
+import pytest
+
+from snowfence import Client
+from snowfence.errors import StoreConflict
 
 #: Four worker IDs per region: two homes in one region would certainly share some.
 SMALL = ("--worker-bits", "2", "--time-bits", "46")
@@ -42,6 +50,7 @@ def test_a_second_home_of_a_region_on_one_host_is_refused_by_name(nodes, tmp_pat
 
 def test_nodes_sharing_a_directory_and_nodes_of_other_regions_run_on(nodes, tmp_path):
     shared = tmp_path / "shared"
+    shared.mkdir()
     a = nodes.start("a", workers=1, state_dir=shared, args=SMALL)
     # Another path to the same directory is the same home.
     alias = tmp_path / "alias"
@@ -96,3 +105,56 @@ def test_check_config_refuses_a_second_home_too(nodes, tmp_path):
         timeout=60,
     )
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def two_homes_out_of_each_others_sight(nodes, tmp_path):
+    """Two embedded nodes of region 0 on two state directories, each in a network namespace
+    of its own (as on two hosts): no host-local guard sees the other."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces of their own (unshare -n) need root")
+    a = nodes.start("a", workers=1, state_dir=tmp_path / "A", args=SMALL, prefix=("unshare", "-n"))
+    b = nodes.start("b", workers=1, state_dir=tmp_path / "B", args=SMALL, prefix=("unshare", "-n"))
+    a.wait_ready()
+    b.wait_ready()
+    return a, b
+
+
+def test_status_over_several_nodes_names_two_stores_of_one_region(nodes, tmp_path):
+    a, b = two_homes_out_of_each_others_sight(nodes, tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "snowfence", "status", "--connect", f"{a.endpoint},{b.endpoint}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"CONFLICT: region 0 is answered from two stores, {a.endpoint}" in p.stdout, p.stdout
+    stores = {a.status()["broker"]["store_id"], b.status()["broker"]["store_id"]}
+    assert len(stores) == 2 and None not in stores
+    p = subprocess.run(
+        [sys.executable, "-m", "snowfence", "status", "--connect", f"{a.endpoint},{a.endpoint}", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0 and orjson.loads(p.stdout)["conflicts"] == [], p.stdout + p.stderr
+
+
+def test_a_client_that_hears_two_stores_for_one_region_stops_with_a_typed_error(nodes, tmp_path):
+    a, b = two_homes_out_of_each_others_sight(nodes, tmp_path)
+    with Client([a.endpoint, b.endpoint], timeout_s=0.5, retries=2) as client:
+        for _ in range(3):  # the first call is answered before the client asks who answers
+            client.reserve(10)
+        first = client.endpoint
+        stopped = a if first == a.endpoint else b
+        os.killpg(stopped.pgid, signal.SIGSTOP)  # the client moves on to the other node
+        try:
+            with pytest.raises(StoreConflict) as caught:
+                for _ in range(20):
+                    client.reserve(10)
+        finally:
+            os.killpg(stopped.pgid, signal.SIGCONT)
+        assert caught.value.code == "store_conflict" and not caught.value.retriable
+        assert a.endpoint in str(caught.value) and b.endpoint in str(caught.value)
+        with pytest.raises(StoreConflict):  # and it stays stopped
+            client.reserve(10)

@@ -159,6 +159,7 @@ class Node:
         self.loop_ns = time.monotonic_ns()
         #: This node's name for its region's home on this host (see store/home.py).
         self.home: home.HomeHold | None = None
+        self._store_id: str | None = None
         self.supervisor = Supervisor(config, self._spawn, on_stop=self._on_stop, on_exit=self._on_exit)
 
     @property
@@ -514,6 +515,7 @@ class Node:
         )
         return {
             **self.entry,
+            "store_id": self.store_id(),
             "fast_port": self.router.fast.port if self.router.fast is not None else None,
             "http_port": self.router.http.port if self.router.http is not None else None,
             "worker_ids": worker_ids,
@@ -527,6 +529,21 @@ class Node:
                 (link.status.store_problem for link in routing.links.values() if link.status.store_problem), None
             ),
         }
+
+    def store_id(self) -> str | None:
+        """The identity of the store this node's worker IDs come from (its genesis record's,
+        made with the store), once this node has read it; None before. Two nodes that answer
+        for one region with different ones are two homes of that region (see store/home.py)."""
+        if self._store_id is None:
+            for part in (self.own, self.watermark):
+                genesis = getattr(getattr(part, "store", None), "genesis", None)
+                if genesis is not None and genesis.store_id:
+                    self._store_id = genesis.store_id
+                    break
+            else:
+                if self.config.embedded:
+                    self._store_id = home.embedded_store_id(self.config.state_dir)
+        return self._store_id
 
     def nodes(self) -> dict:
         """The answer to NODES: the cluster's live nodes as this node last read them."""
@@ -573,6 +590,7 @@ class Node:
             "bind": self.router.endpoint() if self.router else config.bind,
             "mode": "embedded" if config.embedded else "etcd",
             "cluster": None if config.embedded else config.cluster,
+            "store_id": self.store_id(),
             **self.supervisor.describe(),
             "mints_up_to": config.broker_mint_max_ids if self.own is not None else 0,
             "fast_port": self.router.fast.describe() if self.router and self.router.fast else None,

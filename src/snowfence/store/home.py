@@ -43,6 +43,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from ..errors import RegionHeld, StateDirError
 
 PREFIX = "snowfence:home:"
@@ -109,6 +111,17 @@ def etcd_key(cluster: str) -> str:
     """The home key of an etcd-mode node: a digest of its cluster's name (its endpoints
     are left out: one etcd is often named by different members)."""
     return "etcd-" + hashlib.blake2s(cluster.encode(), digest_size=6).hexdigest()
+
+
+def embedded_store_id(state_dir: str | os.PathLike) -> str | None:
+    """The store ID a state directory's genesis record holds; None if it has none (yet) or
+    it cannot be read (the store itself says why, to the node that opens it)."""
+    try:
+        with open(os.path.join(state_dir, "layout.json"), "rb") as f:
+            store_id = orjson.loads(f.read()).get("store_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return store_id if isinstance(store_id, str) and store_id else None
 
 
 def read_homes(table: str | None = None) -> list[Home] | None:

@@ -31,9 +31,10 @@ HOLDER = "test"
 
 
 def at_epoch(layout) -> dict:
-    """A store whose clock reads its layout's epoch and whose nodes never mint ahead of it:
-    its first marks are at 0, and these tests count milliseconds from there."""
-    return {"max_ahead_ms": 0, "wall_ns": lambda: layout.epoch_ms * 1_000_000}
+    """A store whose clock reads its layout's epoch and whose nodes never mint or reserve
+    ahead of it (so a new one waits nothing out): its first marks are at 0, and these tests
+    count milliseconds from there."""
+    return {"max_ahead_ms": 0, "window_ms": 0, "wall_ns": lambda: layout.epoch_ms * 1_000_000}
 
 
 def store(tmp_path, layout=DEFAULT_LAYOUT) -> FileStore:
@@ -699,7 +700,7 @@ def test_a_worker_id_seen_held_and_then_found_with_no_record_waits_out_its_holde
     now = [0]
     holder = store(state).try_claim(0, HOLDER, None)
     wipe(state)
-    claimer = FileStore(state, DEFAULT_LAYOUT, 0, max_ahead_ms=1000, wall_ns=lambda: now[0] * 1_000_000)
+    claimer = FileStore(state, DEFAULT_LAYOUT, 0, max_ahead_ms=1000, window_ms=1000, wall_ns=lambda: now[0] * 1_000_000)
     now[0] = DEFAULT_LAYOUT.epoch_ms + 50_000
     claimer.check_layout(DEFAULT_LAYOUT)
     assert claimer.genesis.quarantine_until_ms == 51_000

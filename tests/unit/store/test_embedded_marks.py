@@ -14,9 +14,10 @@ EPOCH = DEFAULT_LAYOUT.epoch_ms
 
 
 def at_epoch(layout) -> dict:
-    """A store whose clock reads its layout's epoch and whose nodes never mint ahead of it:
-    its first marks are at 0, and these tests count milliseconds from there."""
-    return {"max_ahead_ms": 0, "wall_ns": lambda: layout.epoch_ms * 1_000_000}
+    """A store whose clock reads its layout's epoch and whose nodes never mint or reserve
+    ahead of it (so a new one waits nothing out): its first marks are at 0, and these tests
+    count milliseconds from there."""
+    return {"max_ahead_ms": 0, "window_ms": 0, "wall_ns": lambda: layout.epoch_ms * 1_000_000}
 
 
 def store(tmp_path):

@@ -113,7 +113,8 @@ def test_raise_floor_stops_at_the_reservation():
 
 def test_the_keeper_publishes_the_minters_last_millisecond_with_the_extension(tmp_path):
     clock = FakeClock()
-    s = FileStore(tmp_path, DEFAULT_LAYOUT, 0, wall_ns=clock.wall_ns)
+    # A store whose nodes reserve 1 s ahead: a new one waits 1 s, within the keeper's extension.
+    s = FileStore(tmp_path, DEFAULT_LAYOUT, 0, wall_ns=clock.wall_ns, window_ms=1000)
     s.check_layout(DEFAULT_LAYOUT)
     lease = s.try_claim(0, HOLDER, None)
     minter = clock.minter()

@@ -148,21 +148,23 @@ def embedded_store(state, journal_dir, now_ms: int = NOW_MS, **kw) -> FileStore:
     )
 
 
-def test_a_new_embedded_store_mints_nothing_a_logical_clock_may_have_run_ahead_to(tmp_path):
-    # A node that minted ahead of the wall clock (hlc), killed, its state directory wiped:
-    # the store looks new, and only the bound on how far ahead it ran says where it got to.
+def test_a_new_embedded_store_mints_nothing_a_holder_it_cannot_see_may_have_minted_to(tmp_path):
+    # A state directory made again under a live node (or wiped under a killed hlc one): the
+    # store looks new, and only the bounds every node keeps to say how far the old one got:
+    # its reservation window (the store's longest) above the clock, and no less than the
+    # logical clock's run-ahead.
     s = embedded_store(tmp_path / "state", tmp_path / "j1", max_ahead_ms=1500)
     lease = s.claim(None, "a", NOW_MS, 1000)
-    assert lease.claimed_mark_ms >= NOW_MS + 1500
-    assert s.genesis.quarantine_until_ms == NOW_MS + 1500
+    assert lease.claimed_mark_ms >= NOW_MS + 5000
+    assert s.genesis.quarantine_until_ms == NOW_MS + 5000
     # Every claim of the new store waits it out, a second worker ID too.
-    assert s.claim(None, "a", NOW_MS, 1000).claimed_mark_ms >= NOW_MS + 1500
+    assert s.claim(None, "a", NOW_MS, 1000).claimed_mark_ms >= NOW_MS + 5000
     # A node started later on it takes the recorded quarantine, and does not wait again.
     later = embedded_store(tmp_path / "state", tmp_path / "j2", now_ms=NOW_MS + 60_000)
-    assert later.claim(None, "b", NOW_MS + 60_000, 1000).claimed_mark_ms == NOW_MS + 1500
-    # The bound is max_ahead_ms's default when not given: 1000 ms.
-    t = embedded_store(tmp_path / "other", tmp_path / "j3")
-    assert t.claim(None, "c", NOW_MS, 1000).claimed_mark_ms >= NOW_MS + 1000
+    assert later.claim(None, "b", NOW_MS + 60_000, 1000).claimed_mark_ms == NOW_MS + 5000
+    # A run-ahead longer than the window is the bound then.
+    t = embedded_store(tmp_path / "other", tmp_path / "j3", max_ahead_ms=7000)
+    assert t.claim(None, "c", NOW_MS, 1000).claimed_mark_ms >= NOW_MS + 7000
 
 
 def test_a_wait_policy_node_takes_the_logical_clocks_bound_for_a_new_store_too(tmp_path):

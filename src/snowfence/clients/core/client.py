@@ -163,7 +163,10 @@ class ClientBase:
         ask (None otherwise).
 
         Not before any broker has answered: until then a call says that no server
-        answered rather than wait for NODES first."""
+        answered rather than wait for NODES first. Raises the directory's
+        :class:`StoreConflict` once two stores answered for one region."""
+        if self.directory.conflict is not None:
+            raise self.directory.conflict
         if self._move_later is not None and not self._core.answerable(now_ns):
             target, self._move_later = self._move_later, None
             if target in self.endpoints and target != self.endpoint:
@@ -195,6 +198,7 @@ class ClientBase:
         if reply is None or reply.nodes is None:
             return None
         self.directory.answered()
+        self.directory.note_homes(reply.nodes)
         self.fast_path.learn(reply.nodes, self.endpoint)
         if not self.directory.discover:
             return None

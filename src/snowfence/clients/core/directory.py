@@ -7,6 +7,7 @@ import itertools
 import random
 
 from ... import protocol
+from ...errors import StoreConflict
 
 #: How often a client asks for the cluster's nodes (NODES), besides on connect and after a failure.
 DISCOVER_EVERY_S = 5.0
@@ -56,6 +57,10 @@ class Directory:
         self._failure_count = itertools.count(1)
         self._next_ns = 0
         self._rng = rng or random.Random()
+        #: The store each endpoint said its region's worker IDs come from: {endpoint: (region, store ID)}.
+        self.homes: dict[str, tuple[int, str]] = {}
+        #: Two stores answering for one region (see :meth:`note_homes`); every call raises it.
+        self.conflict: StoreConflict | None = None
 
     def due(self, now_ns: int) -> bool:
         return self.discover and now_ns >= self._next_ns
@@ -119,6 +124,30 @@ class Directory:
         else:
             return None
         return None if target == self.current else target
+
+    def note_homes(self, answer: dict) -> None:
+        """Take the store IDs a NODES answer gives (each node's, from any endpoint it came
+        from). Two nodes that answer for one region from two stores lease the same worker IDs
+        from both: their IDs may repeat each other's, so the client goes on with neither
+        (:attr:`conflict`, raised by every call from then on)."""
+        for n in answer.get("nodes") or ():
+            if not isinstance(n, dict):
+                continue
+            eps, region, store = n.get("endpoints"), n.get("region"), n.get("store_id")
+            if isinstance(eps, list) and eps and isinstance(eps[0], str) and type(region) is int and store:
+                self.homes[eps[0]] = (region, str(store))
+        if self.conflict is not None:
+            return
+        first: dict[int, tuple[str, str]] = {}
+        for ep, (region, store) in self.homes.items():
+            seen = first.setdefault(region, (ep, store))
+            if seen[1] != store:
+                self.conflict = StoreConflict(
+                    f"region {region} is answered from two stores: {seen[0]} (store {seen[1]}) and {ep} "
+                    f"(store {store}); the IDs of one may repeat the other's, so this client uses neither. "
+                    "Give each store its own region, or let these nodes share one store"
+                )
+                return
 
     def _pick(self, candidates: list[str]) -> str:
         """One of ``candidates`` at random among those that have not failed, else the one that failed longest ago."""
