@@ -318,17 +318,17 @@ MUTANTS = [
         kinds=("etcd",),
     ),
     Mutant(
-        "new-embedded-store-no-run-ahead-wait",
+        "new-embedded-store-no-wait",
         "a new embedded store (a wiped state directory) mints at once, below what an hlc node ran ahead to",
-        (
-            Edit(
-                S + "files:FileStore.check_layout",
-                "quarantine_until_ms=now_unix_ms - layout.epoch_ms + self.run_ahead_ms(),",
-                "quarantine_until_ms=0,",
-            ),
-        ),
+        (Edit(S + "files:FileStore.check_layout", "wait_ms = self.quarantine_ms()", "wait_ms = 0"),),
         kinds=("embedded",),
         extra={"policy": "hlc"},
+    ),
+    Mutant(
+        "second-home-admitted",
+        "a node of another state directory in the same region on the host is let serve (the region's home unchecked)",
+        (Edit(S + "home:conflicts", "    return [\n", "    return [] and [\n"),),
+        kinds=("embedded",),
     ),
     Mutant(
         "journal-floor-ignored",

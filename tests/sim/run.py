@@ -39,7 +39,7 @@ def _shm() -> str | None:
 def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
     """One process's share: seeds seed+job, seed+job+jobs, ... until the deadline or a violation."""
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
-    totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = 0
+    totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = totals["home_refused"] = 0
     totals["watermarks"] = totals["watermark_advances"] = totals["watermark_schedules"] = 0
     lags: list[int] = []
     kinds: dict[str, int] = {}
@@ -66,6 +66,7 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
         totals["partition_minting"] += result["partition_minting"]
         totals["mixed"] += result["mixed"]
         totals["region_refused"] += result["region_refused"]
+        totals["home_refused"] += result["home_refused"]
         totals["watermarks"] += result["watermarks"]
         totals["watermark_advances"] += result["watermark_advances"]
         totals["watermark_schedules"] += result["watermark_advances"] > 0
@@ -138,7 +139,7 @@ def main() -> int:
         p.join()
     elapsed = time.monotonic() - start
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
-    totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = 0
+    totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = totals["home_refused"] = 0
     totals["watermarks"] = totals["watermark_advances"] = totals["watermark_schedules"] = 0
     lags: list[int] = []
     kinds: dict[str, int] = {}
@@ -175,6 +176,7 @@ def main() -> int:
         "schedules_minting_through_partitions": totals["partition_minting"],
         "schedules_with_mixed_flags": totals["mixed"],
         "second_cluster_refused": totals["region_refused"],
+        "second_home_refused": totals["home_refused"],
         "faults_by_kind": dict(sorted(fault_kinds.items())),
         "brokers": dict(sorted(broker.items())),
         # The watermark: WATERMARK replies checked against every later mint, how often the

@@ -81,10 +81,12 @@ from snowfence.errors import (
     LayoutMismatch,
     Overloaded,
     Refused,
+    RegionHeld,
     SnowfenceError,
     StateDirError,
     TokenAhead,
 )
+from snowfence.store import home as home_mod
 from snowfence.store import open_store
 from snowfence.workers import core as core_mod
 from snowfence.workers import keeper as lease_mod
@@ -1001,6 +1003,8 @@ class World:
         #: Draws for the watermark (its rounds' interval and latencies, the clients' asks, its
         #: faults), apart from both, so the rest of a schedule draws as it did without it.
         self.rng3 = rng3 = random.Random(seed * 104729 + 3)
+        #: A stream of its own for the second home (so the other streams draw as before it).
+        self.rng4 = random.Random(seed * 15485863 + 4)
         self.T = 0
         self.heap: list = []
         self.seq = 0
@@ -1710,6 +1714,8 @@ class World:
             # lost later, is every witness gone, which RELIABILITY.md writes down.)
             for _ in range(rng2.randint(0, 1) * times * (not journals_lost)):
                 self.at(rng2.randrange(self.horizon), None, self.fault, "crash_and_wipe")
+            if self.rng4.random() < SECOND_HOME_SHARE:
+                self.at(self.rng4.randrange(self.horizon // 3), None, self.fault, "second_home")
         else:
             if not journals_lost and rng2.random() < 0.6:
                 for _ in range(times):
@@ -2004,6 +2010,28 @@ class World:
             fresh = rng2.choice(others) if others and rng2.random() < 0.8 else None
             self.at(T + rng2.randrange(10 * MS, NS), None, self._delete_prefix, fresh)
             return None
+        if kind == "second_home":
+            # Another state directory in the same region on this host (another user's
+            # `snowfence serve`, a template unit's own directory): its node starts while this
+            # one serves, and is refused by the region's home on the host (store/home.py's
+            # decision, on the homes the kernel would list).
+            if self.second is not None:
+                return False
+            node = self.nodes[0]
+            directory = self.tmp + "-second-home"
+            os.makedirs(directory, exist_ok=True)
+            config = Config(**{**self.config_kwargs, "state_dir": directory, "journal_dir": directory + "-journal"})
+            live = [home_mod.for_config(n.broker.config, pid=100 + n.index) for n in self.nodes if n.broker.running]
+            try:
+                home_mod.admit(home_mod.for_config(config, pid=900), live)
+            except RegionHeld:
+                self.counts["home_refused"] = self.counts.get("home_refused", 0) + 1
+                return None
+            p = self.second = Proc(self, node, 9, config)
+            node.procs.append(p)
+            self.procs.append(p)
+            self.start(p)
+            return None
         if kind == "second_cluster":
             if self.second is not None:
                 return False
@@ -2112,6 +2140,8 @@ class World:
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             shutil.rmtree(self.tmp + "-journal", ignore_errors=True)
+            shutil.rmtree(self.tmp + "-second-home", ignore_errors=True)
+            shutil.rmtree(self.tmp + "-second-home-journal", ignore_errors=True)
             self.tmp = None
 
 
@@ -2132,7 +2162,9 @@ RESYNC_SHARE = 0.8
 SECOND_CLUSTER_SHARE = 0.3
 SECOND_CLUSTER = "sim2"
 #: Faults drawn and applied with the heterogeneous cluster's own random stream.
-COMBINED_FAULTS = {"crash_and_wipe", "delete_prefix_under_cut", "second_cluster"}
+#: The share of embedded schedules in which a node of another state directory starts in the region.
+SECOND_HOME_SHARE = 0.3
+COMBINED_FAULTS = {"crash_and_wipe", "delete_prefix_under_cut", "second_cluster", "second_home"}
 #: Schedules that mint through partitions (no fence; the mark is the only guard).
 PARTITION_MINTING_SHARE = 0.15
 FAULTS_MIN, FAULTS_MAX = 50, 150
@@ -2214,6 +2246,7 @@ def run_schedule(
         "partition_minting": world.partition_minting,
         "mixed": world.mixed,
         "region_refused": world.counts.get("region_refused", 0),
+        "home_refused": world.counts.get("home_refused", 0),
         "violation": violation,
         "faults": len(world.faults),
         "fault_log": world.faults,

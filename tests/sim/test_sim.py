@@ -57,6 +57,7 @@ def test_the_real_code_shows_no_violation_in_the_ci_budget():
     assert summary["mints"] > 0 and summary["refusals"] > 0 and summary["claims"] > summary["schedules"]
     # The heterogeneous cluster: hosts with flags of their own, and a second cluster refused.
     assert summary["schedules_with_mixed_flags"] > 0 and summary["second_cluster_refused"] > 0
+    assert summary["second_home_refused"] > 0
     # The watermark: promised, checked against every later mint, and advancing with time
     # (one that never advanced would pass the checker trivially), a few seconds behind the
     # wall clock at the median (the skew bound and the floors' renewal interval).
@@ -95,7 +96,8 @@ SEARCH_FROM = {
     "no-overload-bound": 1,
     "credits-ignored": 1,
     "regions-not-claimed": 2,
-    "new-embedded-store-no-run-ahead-wait": 19,
+    "new-embedded-store-no-wait": 221,
+    "second-home-admitted": 4,
     "journal-floor-ignored": 113,
     "own-minter-may-wait": 28,
     "own-never-gives-back": 113,

@@ -170,6 +170,13 @@ def refusal(mine: Home, others: list[Home]) -> RegionHeld:
     )
 
 
+def admit(mine: Home, homes: list[Home]) -> None:
+    """The decision: raise RegionHeld if another home among ``homes`` serves ``mine``'s region."""
+    others = conflicts(mine, homes)
+    if others:
+        raise refusal(mine, others)
+
+
 class HomeHold:
     """This process's name for its region's home, bound while it runs."""
 
@@ -192,10 +199,11 @@ class HomeHold:
         self.sock = sock
         homes = read_homes()
         if homes is not None:
-            others = conflicts(self.home, homes)
-            if others:
+            try:
+                admit(self.home, homes)
+            except RegionHeld:
                 self.close()
-                raise refusal(self.home, others)
+                raise
         return homes
 
     def close(self) -> None:
@@ -223,6 +231,4 @@ def check(config) -> None:
         mine = Home(config.region, "dir-new", 0, os.path.realpath(config.state_dir))
     else:
         mine = for_config(config, pid=0)
-    others = conflicts(mine, homes)
-    if others:
-        raise refusal(mine, others)
+    admit(mine, homes)
