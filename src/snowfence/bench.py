@@ -69,6 +69,26 @@ def _percentile(sorted_values, q: float) -> float:
     return sorted_values[index]
 
 
+def load_socket(ctx, spec: BenchSpec, endpoint: str):
+    """A load-generating process's DEALER, connected to ``endpoint``: no high-water marks,
+    so the load is what was asked; and no send ever waits (a send timeout of 0), since
+    with no high-water mark a send still waits on a DEALER with no connection to send on,
+    which a refused CURVE handshake leaves it. Such a send raises ``zmq.Again``."""
+    import zmq
+
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.SNDTIMEO, 0)
+    if spec.server_key:
+        from .curve import Curve
+
+        Curve.for_client(spec.server_key, spec.client_key).apply(sock)
+    sock.connect(endpoint)
+    return sock
+
+
 def _client_main(conn, spec_dict: dict, index: int) -> None:
     """One load-generating process. Talks to the parent over ``conn``."""
     import zmq
@@ -82,15 +102,7 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
     max_ms = (1 << spec.layout["time_bits"]) - 1
     epoch_ms = spec.layout["epoch_ms"]
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    if spec.server_key:
-        from .curve import Curve
-
-        Curve.for_client(spec.server_key, spec.client_key).apply(sock)
-    sock.connect(spec.endpoints[index % len(spec.endpoints)])
+    sock = load_socket(ctx, spec, spec.endpoints[index % len(spec.endpoints)])
     # An open-loop schedule needs waits shorter than a millisecond, which zmq_poll
     # cannot express: wait on the socket's file descriptor with select() instead
     # (its readiness is edge-triggered, so ZMQ_EVENTS is checked before and after).
@@ -133,17 +145,23 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
             break
         if sending:
             # The wall clock is read before the send: a reply can beat a reading after it.
-            if interval_ns:
-                while next_send <= now and len(inflight) < depth:
-                    rid += 1
-                    inflight[rid] = (next_send, wall() // 1_000_000)
-                    send(sock, encode(rid, batch))
+            try:
+                if interval_ns:
+                    while next_send <= now and len(inflight) < depth:
+                        rid += 1
+                        inflight[rid] = (next_send, wall() // 1_000_000)
+                        send(sock, encode(rid, batch))
+                        next_send += interval_ns
+                else:
+                    while len(inflight) < depth:
+                        rid += 1
+                        inflight[rid] = (mono(), wall() // 1_000_000)
+                        send(sock, encode(rid, batch))
+            except zmq.Again:  # nowhere to send (refused): counted, asked again after the wait below
+                del inflight[rid]
+                errors["not_sent"] += 1
+                if interval_ns:
                     next_send += interval_ns
-            else:
-                while len(inflight) < depth:
-                    rid += 1
-                    inflight[rid] = (mono(), wall() // 1_000_000)
-                    send(sock, encode(rid, batch))
         if interval_ns and sending:
             readable = wait_readable(max(0, next_send - mono()) / 1e9)
         else:
