@@ -39,6 +39,9 @@ SLACK_S = 1.5
 #: How long a call may take before it counts as hung.
 WATCHDOG_S = 15.0
 KINDS = ("sync", "async", "cli")
+#: A region per node of this module: one host serves a region from one home, and the
+#: module's shared nodes run beside each test's own.
+REGIONS = {"curve": 0, "plain": 1, "doomed": 2, "restarted": 3, "late": 4}
 
 
 class Caller:
@@ -168,7 +171,7 @@ def curve_node(tmp_path_factory, keys, allow):
         bind="tcp://127.0.0.1:0",
         args=(
             "--curve-secret-key", str(keys / "server.key_secret"), "--curve-allow", str(allow),
-            "--curve-allow-poll-s", "0.2",
+            "--curve-allow-poll-s", "0.2", "--region", str(REGIONS["curve"]),
         ),
     )  # fmt: skip
     try:
@@ -179,7 +182,10 @@ def curve_node(tmp_path_factory, keys, allow):
 
 @pytest.fixture(scope="module")
 def plain_node(tmp_path_factory):
-    node = Node(tmp_path_factory.mktemp("plain"), "plain", workers=1, bind="tcp://127.0.0.1:0")
+    node = Node(
+        tmp_path_factory.mktemp("plain"), "plain", workers=1, bind="tcp://127.0.0.1:0",
+        args=("--region", str(REGIONS["plain"])),
+    )  # fmt: skip
     try:
         yield started(node)
     finally:
@@ -318,7 +324,7 @@ def test_a_stopped_node_times_out_each_call(kind, plain_node):
 
 @pytest.mark.parametrize("kind", ("sync", "async"))
 def test_a_node_killed_mid_reply(kind, tmp_path):
-    node = Node(tmp_path, "doomed", workers=1, bind="tcp://127.0.0.1:0")
+    node = Node(tmp_path, "doomed", workers=1, bind="tcp://127.0.0.1:0", args=("--region", str(REGIONS["doomed"])))
     try:
         started(node)
         caller = Caller(kind, node.endpoint, timeout_s=T, retries=2)
@@ -353,6 +359,7 @@ def test_a_key_dropped_while_the_node_restarts_is_refused_not_hung(kind, tmp_pat
     shutil.copy(keys / "carol.key", allowed / "carol.key")
     secure = {"server_key": str(keys / "server.key"), "client_key": str(keys / "carol.key_secret")}
     args = ("--curve-secret-key", str(keys / "server.key_secret"), "--curve-allow", str(allowed))
+    args += ("--region", str(REGIONS["restarted"]))
     node = Node(tmp_path, "restarted", workers=1, bind="tcp://127.0.0.1:0", args=args)
     try:
         started(node, **secure)
@@ -474,7 +481,8 @@ def test_an_async_send_with_no_room_ends_at_its_deadline(refusing_router):
 
 
 def test_a_loader_started_before_its_node_waits_for_it_with_a_time_budget(tmp_path):
-    node = Node(tmp_path, "late", workers=1)  # on ipc://: nothing there until it starts
+    # On ipc://: nothing there until it starts.
+    node = Node(tmp_path, "late", workers=1, args=("--region", str(REGIONS["late"])))
     cli = subprocess.Popen(
         [sys.executable, "-m", "snowfence", "reserve", "3", "--connect", node.endpoint, "--timeout", "0.5",
          "--retry-for", "40"],
