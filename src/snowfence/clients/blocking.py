@@ -599,7 +599,8 @@ class Client(ClientBase):
         """One turn of :meth:`_run` on ZeroMQ: send what is due, take what came back."""
         core, job = self._core, round_.job
         sock = self._socket()
-        self._check_link()
+        if _pending(self._monitor):  # _check_link, inline: once per turn of every reservation
+            self._check_link()
         now = time.monotonic_ns()
         for pending, frame in round_.requests(now):
             if not self._send_by(sock, frame, pending.deadline_ns):
