@@ -213,7 +213,7 @@ class PeerClocks:
         self.verdict = Verdict(PENDING, None, PENDING_VERDICT if self.bound_ns else None, "not judged yet")
         #: Rounds sent.
         self.rounds = 0
-        self.set_peers(peers)
+        self.set_peers(peers, complete)
 
     @property
     def veto(self) -> str | None:

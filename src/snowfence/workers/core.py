@@ -734,6 +734,7 @@ class WorkerCore:
     def claim(self) -> bool:
         """Try to claim one more worker ID; False (and a back-off) if none could be."""
         for frame in self.queued():  # a verdict the broker already sent counts for this claim
+            self.heard = True  # word from the broker, as a frame the loop reads is
             self.handle(frame, self._mono())
         if self.stopping:
             return False

@@ -273,6 +273,20 @@ def test_no_verdict_is_taken_on_rounds_sent_but_on_answers(ctx, clock):
     pc.close()
 
 
+def test_a_node_whose_membership_is_not_read_yet_is_pending_not_alone(ctx, clock):
+    # etcd mode: the members are not known until the membership is first read; a node that
+    # took itself for alone meanwhile would claim on a clock nobody judged.
+    pc = PeerClocks(
+        ctx, [], interval_s=INTERVAL / 1e9, bound_ms=500, complete=False, wall_ns=clock.wall_ns, mono_ns=clock.mono_ns
+    )
+    pc.tick(clock.mono_ns())
+    assert not pc.complete and pc.verdict.state == PENDING and pc.claim_veto == PENDING_VERDICT
+    pc.set_peers([], complete=True)  # read: nobody else is registered
+    pc.tick(clock.mono_ns())
+    assert pc.verdict.state == ALONE and pc.claim_veto is None
+    pc.close()
+
+
 def test_a_peer_not_connected_yet_is_tried_again_before_the_next_round(ctx, clock, tmp_path):
     endpoint = f"ipc://{tmp_path}/late"  # nobody listens yet: a send would block, and is not made
     pc = peer_clocks(ctx, [], clock)

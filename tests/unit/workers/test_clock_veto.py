@@ -210,3 +210,19 @@ def test_the_cluster_vouches_for_a_clock_by_majority(offsets, rotation, claims):
 
 def test_nothing_is_vetoed_where_the_bound_is_off():
     assert verdicts({"b": off(5000), "c": off(5000)}, 0, 0, INTERVAL) == (None, None)
+
+
+def test_frames_taken_in_before_a_claim_are_word_from_the_broker():
+    # A worker whose broker's heartbeats are taken in by its claims (the loop spent its wait
+    # inside a slow claim, say) heard its broker: it must not leave it as gone.
+    clock = FakeClock()
+    store = ScriptedStore([])
+    core, _ = make_core(store, clock)
+    waiting = [protocol.encode_clock(WHY)]
+    core.queued = lambda: [waiting.pop(0) for _ in range(len(waiting))]
+    for _ in range(int(4 * core._silence_ns / 500_000_000)):  # four silence bounds, in half seconds
+        waiting.append(protocol.PING_FRAME)
+        core.tick(clock.mono_ns())
+        clock.advance_ms(500)
+    assert store.claim_veto == WHY and len(waiting) <= 1  # taken in by the claims (one a second)
+    assert not core.stopping, core.reason
