@@ -389,6 +389,24 @@ MUTANTS = [
         "the supervisor restarts a worker that cannot boot instead of halting the node",
         (Edit(R + "supervisor:Supervisor.reap", "            if status in HALT:", "            if False:"),),
     ),
+    # -- the clock verdict (broker/peers.py), as the simulator's brokers take it
+    Mutant(
+        "clock-vouched-unheard",
+        "the first clock verdict vouches as soon as the members are known, before a majority of them answered "
+        "and agreed (a late host with a wrong clock claims)",
+        (Edit(R + "peers:ClockJudge.judge", "if n and agreeing >= needed:", "if n:"),),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "claims-before-verdict",
+        "a node claims worker IDs whatever its clock verdict (pending or refused): the worker core does not wait "
+        "for it and the store does not refuse",
+        (
+            Edit(M + "core:WorkerCore.claim", "        if veto:\n", "        if False:\n"),
+            Edit(S + "base:Store.refuse_if_vetoed", "        if self.claim_veto:\n", "        if False:\n"),
+        ),
+        kinds=("etcd",),
+    ),
     # -- the watermark (store/watermark.py), as the simulator runs it
     Mutant(
         "claim-ignores-watermark",
@@ -439,12 +457,6 @@ MUTANTS = [
 #:   FileStore._unknown_floor): the journal's peak and the genesis's store-wide
 #:   quarantine stand in for it, except for a host that lost its journal while a mark was
 #:   deleted alone; caught in one run of three within 60 s.
-#: - a node that claims while no majority of the cluster vouches for its clock
-#:   (Store.refuse_if_vetoed and WorkerCore.claim's wait): it takes an etcd restore no
-#:   journal of that host saw and a clock stepped back past the bound on a host of two;
-#:   a CI run found it once, in about 10 s of new seeds, and 2,300 schedules of 90 s
-#:   did not; scripted in test_sim.py (test_a_restore_no_journal_saw_...), which shows
-#:   IDs issued twice without it.
 #: - a new store's quarantine that forgets the window its region's claim recorded
 #:   (EtcdStore.quarantine_ms): it takes a host new to the cluster (an empty journal) that
 #:   creates the store again after the keys were deleted, while a host with a longer window

@@ -33,7 +33,13 @@ faults at moments chosen from the schedule's seed. What runs is the real code:
   store's ``watermark_round``) on a thread of the broker process, with its own
   store, every ``watermark_interval_s``; clients ask WATERMARK now and then and the
   routing core answers from the last promise. Its thread can be paused (also inside
-  a round) and restarted, and its host's clock and network faults reach it.
+  a round) and restarted, and its host's clock and network faults reach it;
+* the real clock verdict of each host's broker in etcd mode,
+  :class:`~snowfence.broker.peers.PeerClocks` and its
+  :class:`~snowfence.broker.peers.ClockJudge`, over simulated peer sockets
+  (:class:`PeerSocket`: a connection comes up a while after it is made, and a send
+  before that is not made, as with ``ZMQ_IMMEDIATE``; the other brokers' routing
+  cores answer TIME), acted on by broker/main.py's own ``Node.follow_verdict``.
 
 What is simulated is everything around them: the clients, the hosts' clocks,
 the network to etcd, and the faults.
@@ -65,11 +71,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import orjson
+import zmq
 
 from snowfence import protocol
+from snowfence.broker import main as broker_main
 from snowfence.broker import own as own_mod
 from snowfence.broker.main import HOUSEKEEPING_NS, PEER_INTERVAL_S
-from snowfence.broker.peers import verdicts
+from snowfence.broker.peers import PENDING, PeerClocks, Verdict
 from snowfence.broker.routing import Routing
 from snowfence.broker.supervisor import Supervisor
 from snowfence.broker.watermark import Watermark
@@ -223,7 +231,10 @@ class CheckedMinter(Minter):
         except (Refused, TokenAhead, BadRequest) as err:
             checker.refused(k, before, err)
             raise
+        checker.clock_mint(k.proc)
         checker.mint(k.proc, k, stale, first, count)
+        if k.proc.slot == own_mod.SLOT:
+            w.counts["own_mints"] = w.counts.get("own_mints", 0) + 1
         w.note_minted(first)
         return first, count
 
@@ -283,8 +294,13 @@ class Proc:
         #: A new process ID and socket identity at every start, as a real restart has.
         self.pid = 0
         self.ident = b""
-        #: Frames its broker sent that the loop has not taken yet, oldest first.
-        self.inbox: collections.deque[bytes] = collections.deque()
+        #: Frames its broker sent that the loop has not taken yet, oldest first, each with
+        #: when it was sent (true ns).
+        self.inbox: collections.deque[tuple[bytes, int]] = collections.deque()
+        #: When the broker sent the request the process is answering, and when its core last
+        #: decided to claim (true ns).
+        self.work_sent = 0
+        self.claim_decided = 0
         #: When a tick is due for the core's next claim (true time), if one is scheduled.
         #: Embedded: the leases its stores made, whose descriptors its exit closes.
         self.leases: list = []
@@ -406,8 +422,12 @@ class Broker:
         self.max_inflight = config.max_inflight_per_client
         #: The peers' clock verdicts: judged where the real broker judges (etcd mode).
         self.peer_bound_ns = config.peer_offset_bound_ms * MS if pending_verdict(config) else 0
-        self.next_peer_ns = 0
-        self.peer_rounds = 0
+        #: How many times the node started (a halt and an operator's start make a new broker
+        #: process), and when it last did (true ns).
+        self.boots = 0
+        self.booted_at = 0
+        #: When the node last stopped (true ns; None: it runs, or never ran).
+        self.stopped_at: int | None = None
         #: The broker process, as far as its own worker ID's thread runs in it, and that
         #: worker ID (broker/own.py), when the settings have the broker mint small requests.
         self.proc: Proc | None = Proc(world, node, own_mod.SLOT, config) if config.broker_mint_max_ids else None
@@ -433,6 +453,13 @@ class Broker:
         )
         #: PIDs of the host's worker processes that are running (the supervisor's view).
         self.live = self.sup.live_pids
+        #: Whether it serves as a member of its cluster (a new broker process: from its first turn).
+        self.serving = False
+        #: The peers' clock offsets and verdict (broker/peers.py's PeerClocks, over simulated
+        #: sockets), made when the node starts; the verdict acted on last (broker/main.py's).
+        self.peers: PeerClocks | None = None
+        self.verdict = Verdict(PENDING, None, None, "not judged yet")
+        self.next_membership_ns = 0
         self.core = Routing(
             config,
             self.to_client,
@@ -476,11 +503,79 @@ class Broker:
         w = self.world
         w.at(w.T + w.rng.randrange(1, BROKER_TICK_NS), None, self.core.forget_pid, p.pid, "exited")
 
+    @property
+    def router(self) -> SimpleNamespace:
+        """What broker/main.py's ``Node.follow_verdict`` reaches the routing core through."""
+        return SimpleNamespace(core=self.core)
+
+    def start_node(self, now: int) -> None:
+        """The broker process begins serving (its first turn): it registers in the cluster's
+        membership and starts measuring its peers' clocks, as broker/main.py's ``_run`` does."""
+        w = self.world
+        self.serving = True
+        self.boots += 1
+        self.booted_at = w.T
+        self.stopped_at = None
+        if self.config.embedded and not self.config.peers:
+            return
+        w.members.add(self.node)
+        # No member is known until the membership is first read (the thread reads it as the
+        # node starts; the loop takes it in at its next membership turn, a second later).
+        self.peers = PeerClocks(
+            PeerContext(w, self),
+            [],
+            interval_s=PEER_INTERVAL_S,
+            bound_ms=self.config.peer_offset_bound_ms,
+            complete=False,
+            wall_ns=self.node.clock.wall,
+            mono_ns=self.node.clock.mono,
+        )
+        self.next_membership_ns = now
+        self.membership_read = False
+        w.checker.clock_seen(self.node)
+
+    def follow_membership(self, now: int) -> None:
+        """broker/main.py's ``follow_membership``: measure against every other registered
+        node (the membership as read now; reads are not faulted here)."""
+        self.next_membership_ns = now + PEER_INTERVAL_NS
+        if not self.membership_read:  # the first turn: the membership thread has not read it yet
+            self.membership_read = True
+            self.peers.set_peers([], complete=False)
+            return
+        w = self.world
+        others = [f"sim://n{n.index}" for n in w.nodes if n in w.members and n is not self.node]
+        self.peers.set_peers(others, complete=True)
+
+    def follow_verdict(self) -> None:
+        """The peers' verdict, acted on by broker/main.py's own ``Node.follow_verdict``: the
+        workers told (CLOCK), the broker's own worker ID's store told, out of rotation."""
+        verdict, was = self.peers.verdict, self.verdict
+        broker_main.Node.follow_verdict(self, verdict)
+        if verdict.refused and not was.refused:
+            w = self.world
+            w.counts["clock_refused"] = w.counts.get("clock_refused", 0) + 1
+
+    def peer_request(self, sock: PeerSocket, body: bytes) -> None:
+        """A peer's TIME request reaches this broker's frontend: the routing core answers it."""
+        if self.running and self.serving and sock.peer_boot == self.boots:
+            self.core.request(0, sock.addr, body)
+
+    def stop_node(self) -> None:
+        """The broker process is gone: its peer sockets closed, its membership entry with it."""
+        w = self.world
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None
+        w.members.discard(self.node)
+        self.serving = False
+        self.stopped_at = w.T
+
     def halted(self) -> None:
         """The supervisor stopped the node (a worker could not boot): the broker exits, its
         own worker ID let go; an operator starts the node again after a look."""
         w = self.world
         self.running = False
+        self.stop_node()
         w.counts["node_halts"] = w.counts.get("node_halts", 0) + 1
         if self.own is not None:
             w.stop_own(self)
@@ -503,8 +598,16 @@ class Broker:
         if not self.running:
             return
         now = self.node.clock.mono()
-        if self.peer_bound_ns and now >= self.next_peer_ns:
-            self.judge_clock(now)
+        if not self.serving:
+            self.start_node(now)
+        peers = self.peers
+        if peers is not None:
+            w.checker.clock_seen(self.node)
+            if now >= self.next_membership_ns:
+                self.follow_membership(now)
+            peers.tick(now)
+            if peers.verdict is not self.verdict:
+                self.follow_verdict()
         if not self.sup.tick(now, self.core.heard):
             self.halted()
             return
@@ -522,22 +625,6 @@ class Broker:
                     f"worker {p.holder} silent for {silent / NS:.1f} s "
                     f"is still running (the supervisor kills one silent for {self.config.worker_kill_after_s:g} s)"
                 )
-
-    def judge_clock(self, now: int) -> None:
-        """The peers' verdicts on this host's clock (broker/peers.py), measured every
-        PEER_INTERVAL_NS against the other hosts' clocks, as the round trips would find them:
-        out of rotation, and no claims, by the same rules; the workers are told from the
-        second round on, as the real broker tells them."""
-        self.next_peer_ns = now + PEER_INTERVAL_NS
-        self.peer_rounds += 1
-        mine = self.node.clock.wall()
-        offsets = {
-            f"n{o.index}": (o.clock.wall() - mine, 2 * LINK_NS, now) for o in self.world.nodes if o is not self.node
-        }
-        rotation, claims = verdicts(offsets, now, self.peer_bound_ns, PEER_INTERVAL_NS)
-        self.core.veto = rotation
-        if self.peer_rounds >= 2:
-            self.core.clock_verdict = claims
 
     def client_request(self) -> None:
         """The host's clients send a request (or, now and then, a burst on one connection)."""
@@ -583,6 +670,7 @@ class Broker:
         w.request_id += 1
         if self.proc is not None:
             self.proc.request_id = w.request_id  # the request the broker's own minter may answer
+            self.proc.work_sent = w.T
         self.pending[w.request_id] = (addr, after)
         self.in_flight[addr] += 1
         self.core.request(0, addr, protocol.encode_reserve(w.request_id, n, after))
@@ -590,6 +678,11 @@ class Broker:
     # -- the core's two sockets
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
         w = self.world
+        if addr[:4] == PEER_ADDR:  # a peer's TIME answered: back over the network
+            sock = w.peer_sockets.get(addr)
+            if sock is not None:
+                w.at(w.T + PEER_LINK_NS, None, sock.arrive, reply)
+            return
         request_id = protocol.request_id_of(reply)
         asked = self.pending.pop(request_id, None)
         if asked is None:
@@ -636,7 +729,7 @@ class Broker:
                 w.checker.fail(
                     f"worker {ident!r} was sent {self.owed[ident]} requests unanswered (credits {self.credits})"
                 )
-        p.inbox.append(frame)
+        p.inbox.append((frame, w.T))
         w.at(w.T + LINK_NS, p.loop, w.deliver, p)
         return True
 
@@ -652,6 +745,87 @@ class Broker:
                 self.refused_by.setdefault(protocol.request_id_of(request), set()).add(ident)
         self.core.on_worker(ident, frame)
         self.core.schedule()
+
+
+# -- the peers' sockets ---------------------------------------------------------------------
+
+
+class PeerContext:
+    """What :class:`~snowfence.broker.peers.PeerClocks` asks of its ZeroMQ context: DEALER
+    sockets to the other brokers, simulated (:class:`PeerSocket`)."""
+
+    def __init__(self, world: World, owner: Broker) -> None:
+        self.world = world
+        self.owner = owner
+
+    def socket(self, kind: int) -> PeerSocket:
+        return PeerSocket(self.world, self.owner)
+
+
+class PeerSocket:
+    """A DEALER with ``ZMQ_IMMEDIATE`` connected to another host's broker. Its connection
+    comes up a while after it is made, or after the peer's broker (re)starts (drawn from the
+    late host's stream): until then a send fails with ``zmq.Again``, as it does with no
+    connection up, and the request is not sent. A request and its answer each cross the
+    network in :data:`PEER_LINK_NS`; the peer's real routing core answers TIME with its
+    host's wall clock. A broker that is not running answers nothing."""
+
+    def __init__(self, world: World, owner: Broker) -> None:
+        self.world = world
+        self.owner = owner
+        world.peer_count += 1
+        #: How the peer's routing core names this connection.
+        self.addr = PEER_ADDR + str(world.peer_count).encode()
+        world.peer_sockets[self.addr] = self
+        self.peer: Broker | None = None
+        self.inbox: collections.deque[bytes] = collections.deque()
+        #: Which start of the peer's broker the connection is up to, and from when (true ns).
+        self.peer_boot = 0
+        self.up_at = 0
+        self.closed = False
+
+    def setsockopt(self, option: int, value) -> None:
+        pass
+
+    def connect(self, endpoint: str) -> None:
+        node = self.world.endpoints.get(endpoint)
+        if node is None:
+            raise zmq.ZMQError(zmq.EINVAL)
+        self.peer = node.broker
+
+    def link_up(self) -> bool:
+        w, peer = self.world, self.peer
+        if not (peer.running and peer.serving):
+            return False
+        if self.peer_boot != peer.boots:  # a new connection (a first one, or to a restarted broker)
+            self.peer_boot = peer.boots
+            rng5 = w.rng5
+            self.up_at = w.T + rng5.choice([rng5.randrange(MS, 20 * MS), rng5.randrange(20 * MS, PEER_CONNECT_MAX_NS)])
+        return w.T >= self.up_at
+
+    def send(self, body: bytes, flags: int = 0) -> None:
+        if self.closed or not self.link_up():
+            raise zmq.Again()
+        w = self.world
+        w.at(w.T + PEER_LINK_NS, None, self.peer.peer_request, self, body)
+
+    def arrive(self, reply: bytes) -> None:
+        """An answer reaches the socket; the broker's loop reads it at once (its descriptor fires)."""
+        if self.closed:
+            return
+        self.inbox.append(reply)
+        peers = self.owner.peers
+        if self.owner.running and peers is not None and self in peers.sockets:
+            peers.on_readable(self)
+
+    def recv(self, flags: int = 0) -> bytes:
+        if not self.inbox:
+            raise zmq.Again()
+        return self.inbox.popleft()
+
+    def close(self, linger: int | None = None) -> None:
+        self.closed = True
+        self.world.peer_sockets.pop(self.addr, None)
 
 
 # -- the simulated etcd ---------------------------------------------------------------------
@@ -781,6 +955,12 @@ class Checker:
       below a watermark any node answered before (a WATERMARK reply's W, checked
       against every mint committed after the moment the reply was sent).
 
+    * the clock verdict (broker/peers.py), judged on the true clocks: no claim on a host
+      whose clock no majority of its cluster (the host and the registered members)
+      could vouch for ever since its node started, nor one, nor a mint of a request sent,
+      once it has been so for :data:`CLOCK_GRACE_NS` (the next round of offsets, and a
+      member's joining, take that long to be seen).
+
     At every refusal: a refused call changes nothing (last millisecond and sequence).
     After every step: no mark in the store is below a millisecond already minted
     (a mark lowered too far lets the next owner repeat IDs).
@@ -811,9 +991,85 @@ class Checker:
         self.watermarks = 0
         self.watermark_advances = 0
         self.watermark_lags: list[int] = []
+        #: Since when (true ns) no majority of its cluster can vouch for each host's clock.
+        self.clock_since: dict[Node, int | None] = {}
 
     def fail(self, what: str) -> None:
         raise Violation(what)
+
+    def clock_off(self, node: Node) -> bool:
+        """Whether no majority of the host's cluster (itself and the members registered now)
+        can vouch for its clock, by the true clocks: at least half of that cluster is clearly
+        off from it (past the peers' bound by :data:`CLOCK_MARGIN_NS`, more than a round trip
+        on these links). A member stopped lately counts as vouching (its last answers may
+        still vote)."""
+        w = self.w
+        bound = node.broker.peer_bound_ns + CLOCK_MARGIN_NS
+        mine = node.clock.wall()
+        cluster = 1
+        off = 0
+        for other in w.nodes:
+            if other is node:
+                continue
+            if other in w.members:
+                cluster += 1
+                off += abs(other.clock.wall() - mine) > bound
+            elif other.broker.stopped_at is not None and w.T - other.broker.stopped_at < CLOCK_RECENT_NS:
+                cluster += 1
+        return off > 0 and off * 2 >= cluster
+
+    def clock_seen(self, node: Node) -> int | None:
+        """Since when (true ns) no majority can vouch for the host's clock, or None if one
+        can; sampled at every turn of its broker, and at every claim and mint."""
+        since = self.clock_since.get(node)
+        if not self.clock_off(node):
+            if since is not None:
+                self.clock_since[node] = None
+            return None
+        if since is None:
+            since = self.clock_since[node] = self.w.T
+        return since
+
+    def clock_claim(self, p: Proc) -> None:
+        """A claim starts on ``p``'s host: never on a clock no majority could vouch for ever
+        since the node started (a first verdict comes before the first claim), nor on one no
+        majority has vouched for during the grace."""
+        b = p.node.broker
+        if not b.peer_bound_ns or p.config.cluster != self.w.config.cluster:
+            return
+        since = self.clock_seen(p.node)
+        if since is None:
+            return
+        T = p.claim_decided  # (a pause inside the claim may come between)
+        if not b.serving or since <= b.booted_at:
+            self.fail(
+                f"process {p.holder} claimed a worker ID on a clock no majority of its cluster vouched for since its "
+                f"node started {(self.w.T - b.booted_at) / NS:.3f} s ago ({self.clock_text(p.node)})"
+            )
+        if T - since >= CLOCK_GRACE_NS:
+            self.fail(
+                f"process {p.holder} claimed a worker ID on a clock no majority of its cluster has vouched for these "
+                f"{(T - since) / NS:.3f} s ({self.clock_text(p.node)})"
+            )
+
+    def clock_mint(self, p: Proc) -> None:
+        """A mint on ``p``'s host of a request its broker sent once no majority had vouched
+        for the host's clock for the grace."""
+        b = p.node.broker
+        if not b.peer_bound_ns or p.config.cluster != self.w.config.cluster:
+            return
+        since = self.clock_seen(p.node)
+        if since is not None and p.work_sent - since >= CLOCK_GRACE_NS:
+            self.fail(
+                f"process {p.holder} minted a request sent {(p.work_sent - since) / NS:.3f} s after no majority of its "
+                f"cluster vouched for its clock any more ({self.clock_text(p.node)})"
+            )
+
+    def clock_text(self, node: Node) -> str:
+        mine = node.clock.wall()
+        members = [o for o in self.w.nodes if o in self.w.members and o is not node]
+        offsets = ", ".join(f"n{o.index} {(o.clock.wall() - mine) / MS:+.0f} ms" for o in members)
+        return f"offsets of the members: {offsets}; bound {node.broker.peer_bound_ns // MS} ms"
 
     def stale(self, h: SimKeeper, t0_mono: int, t0_true: int) -> tuple[str, str] | None:
         """Why an owner must not start a mint now (fenced, or known to be stale), or None.
@@ -1005,6 +1261,14 @@ class World:
         self.rng3 = rng3 = random.Random(seed * 104729 + 3)
         #: A stream of its own for the second home (so the other streams draw as before it).
         self.rng4 = random.Random(seed * 15485863 + 4)
+        #: And one for the late host with a wrong clock, and the peers' connections.
+        self.rng5 = random.Random(seed * 32452843 + 5)
+        #: The nodes registered in the cluster's membership (etcd: brokers running), their
+        #: endpoints, and the peers' sockets by the name their peer's routing core gives them.
+        self.members: set[Node] = set()
+        self.endpoints: dict[str, Node] = {}
+        self.peer_sockets: dict[bytes, PeerSocket] = {}
+        self.peer_count = 0
         self.T = 0
         self.heap: list = []
         self.seq = 0
@@ -1125,6 +1389,7 @@ class World:
             clock = HostClock(self, mono0, base_wall + skew - mono0, rng.uniform(-500, 500))
             node = Node(self, i, clock)
             self.nodes.append(node)
+            self.endpoints[f"sim://n{i}"] = node
             config = self.config
             if self.kind == "etcd":
                 config = Config(
@@ -1148,6 +1413,13 @@ class World:
         holders = self.procs + [n.broker.proc for n in self.nodes if n.broker.proc is not None]
         self.window_ms = max(int(p.config.reservation_window_s * 1000) for p in holders)
         self.partition_minting = any(self.kind == "etcd" and p.config.partition_minting for p in self.procs)
+        #: etcd: the last host may start late, its clock off past the peers' bound from every
+        #: other's (drawn from rng5): in a cluster of two, two hosts whose clocks disagree.
+        self.late: Node | None = None
+        self.late_at = 0
+        if self.kind == "etcd" and self.rng5.random() < LATE_HOST_SHARE:
+            self.late = self.nodes[-1]
+            self.late_at = self.rng5.randrange(self.horizon // 8, self.horizon // 2)
 
     # -- the event loop
     def at(self, t: int, thread: Thread | None, fn, *args) -> None:
@@ -1293,7 +1565,9 @@ class World:
             loop_ns=p.loop_ns,
             make_minter=CheckedMinter,
             make_keeper=functools.partial(SimKeeper, self, p),
+            queued=functools.partial(self.queued, p),
         )
+        self.watch_claims(p, p.core)
         p.node.broker.started(p)
         # The loop's first wait for a frame (workers/main.py sets RCVTIMEO before it).
         p.wait_id += 1
@@ -1353,7 +1627,7 @@ class World:
             return
         if core.stop_name == "orphaned" and p.node.broker.running:
             raise Violation(f"worker {p.holder} left its broker, which was running: {core.reason}")
-        queued = sum(1 for frame in p.inbox if frame[0] == protocol.WORK)
+        queued = sum(1 for frame, _ in p.inbox if frame[0] == protocol.WORK)
         if queued and core.stop_name != "orphaned":
             self.checker.fail(f"worker {p.holder} stopped with {queued} requests of its broker's queued, unanswered")
         self.run_on_loop(p, core.release_all)
@@ -1404,12 +1678,25 @@ class World:
         one a turn of the core (``WorkerCore.turn``), as workers/main.py's loop does."""
         inbox = p.inbox
         while inbox and p.up:
-            frame = inbox.popleft()
-            if frame[0] == protocol.WORK:
-                # One request at a time per process: its loop is busy meanwhile.
-                request = protocol.decode_request(protocol.split_routed(frame)[2])
-                p.request_id, p.asked_after = request.request_id, request.after
+            frame, sent = inbox.popleft()
+            self.taking(p, frame, sent)
             self.turn(p, frame)
+
+    def taking(self, p: Proc, frame: bytes, sent: int) -> None:
+        if frame[0] == protocol.WORK:
+            # One request at a time per process: its loop is busy meanwhile.
+            request = protocol.decode_request(protocol.split_routed(frame)[2])
+            p.request_id, p.asked_after, p.work_sent = request.request_id, request.after, sent
+
+    def queued(self, p: Proc):
+        """The frames that reached the process's socket and wait there (workers/main.py's
+        ``queued``: read without waiting, before a claim), taken in order as the core
+        handles them."""
+        inbox = p.inbox
+        while inbox and p.up and inbox[0][1] + LINK_NS <= self.T:
+            frame, sent = inbox.popleft()
+            self.taking(p, frame, sent)
+            yield frame
 
     def turn(self, p: Proc, frame: bytes | None) -> None:
         """One turn of the real core; its loop's next wait for a frame ends after the
@@ -1437,11 +1724,23 @@ class World:
     def work_now(self, p: Proc, n: int = 1, after: int | None = None) -> None:
         """One WORK frame straight to the process, taken now (for scripted scenarios)."""
         self.request_id += 1
-        p.inbox.append(protocol.encode_work(0, b"sim", protocol.encode_reserve(self.request_id, n, after)))
+        p.inbox.append((protocol.encode_work(0, b"sim", protocol.encode_reserve(self.request_id, n, after)), self.T))
         self.deliver(p)
+
+    def watch_claims(self, p: Proc, core: WorkerCore) -> None:
+        """Note when the core decides to claim (``WorkerCore.claim`` begins): a process paused
+        between that and its store call learns no verdict meanwhile, and is judged by then."""
+        decide = core.claim
+
+        def claim() -> bool:
+            p.claim_decided = self.T
+            return decide()
+
+        core.claim = claim
 
     def claim(self, p: Proc, claim, *args, **kwargs):
         """The store's claim, as the core calls it; the checker sees each attempt."""
+        self.checker.clock_claim(p)
         try:
             lease = claim(*args, **kwargs)
         except SnowfenceError:
@@ -1537,6 +1836,7 @@ class World:
         if not own.open():
             return
         p.core = own.core
+        self.watch_claims(p, own.core)
         b.own = own
         b.core.mint_own(own.mint, config.broker_mint_max_ids)
         self.at(self.T + int(own_mod.TICK_S * NS), p.loop, self.own_step, b)
@@ -2036,6 +2336,8 @@ class World:
             if self.second is not None:
                 return False
             node = rng2.choice(self.nodes)
+            if not node.broker.serving:  # the late host, not started yet: a host that runs
+                node = self.nodes[0]
             config = Config(
                 **{
                     **self.config_kwargs,
@@ -2050,6 +2352,25 @@ class World:
             self.start(p)
             return None
         raise AssertionError(kind)  # pragma: no cover
+
+    def late_host(self) -> None:
+        """The late host starts (a host added, or one replaced): its clock off past the peers'
+        bound from every other's, by up to a second past it or by up to 10 s; most often NTP
+        sets it right a few seconds later. Until then no majority of its cluster vouches for
+        it, so it claims nothing (nor, in a cluster of two, does the other host)."""
+        node, rng5 = self.late, self.rng5
+        walls = sorted(n.clock.wall() for n in self.nodes if n is not node)
+        away = node.broker.peer_bound_ns + rng5.choice([rng5.randrange(100, 1000), rng5.randrange(1000, 10_000)]) * MS
+        target = walls[-1] + away if rng5.random() < 0.5 else walls[0] - away
+        node.clock.off += target - node.clock.wall()
+        self.faults.append((self.T / NS, LATE_HOST))
+        if rng5.random() < LATE_CLOCK_FIXED_SHARE:
+            self.at(self.T + rng5.randrange(2 * NS, 10 * NS), None, self._late_clock_fixed, node)
+
+    def _late_clock_fixed(self, node: Node) -> None:
+        """NTP sets the late host's clock to the middle of the others'."""
+        walls = sorted(n.clock.wall() for n in self.nodes if n is not node)
+        node.clock.off += walls[len(walls) // 2] - node.clock.wall()
 
     def _delete_prefix(self, fresh: Node | None) -> None:
         """etcdctl del --prefix of the cluster's keys (the region's claim, outside it, stays);
@@ -2113,17 +2434,22 @@ class World:
         self.request_id = 0
         for c in ("refused", "claims"):
             self.counts[c] = 0
+        late = {self.late: self.late_at}
         try:
             for node in self.nodes:
-                self.at(rng.randrange(NS // 10), None, node.broker.sup.start)
+                self.at(late.get(node, 0) + rng.randrange(NS // 10), None, node.broker.sup.start)
             for node in self.nodes:
+                at = late.get(node, 0)
                 if node.broker.proc is not None:
-                    self.at(rng.randrange(NS // 10), None, self.start_own, node.broker)
-                self.at(rng.randrange(BROKER_TICK_NS), None, node.broker.tick)
-                self.at(rng.randrange(1, 50 * MS), None, node.broker.client_request)
+                    self.at(at + rng.randrange(NS // 10), None, self.start_own, node.broker)
+                self.at(at + rng.randrange(BROKER_TICK_NS), None, node.broker.tick)
+                self.at(at + rng.randrange(1, 50 * MS), None, node.broker.client_request)
             for node in self.nodes:
-                self.at(self.rng3.randrange(NS // 10), None, self.start_watermark, node.broker)
-                self.at(self.rng3.randrange(1, WATERMARK_ASK_GAP_NS), None, node.broker.ask_watermark)
+                at = late.get(node, 0)
+                self.at(at + self.rng3.randrange(NS // 10), None, self.start_watermark, node.broker)
+                self.at(at + self.rng3.randrange(1, WATERMARK_ASK_GAP_NS), None, node.broker.ask_watermark)
+            if self.late is not None:
+                self.at(self.late_at - 1, None, self.late_host)
             self.schedule_faults()
             self.run_until(self.horizon)
         finally:
@@ -2165,6 +2491,11 @@ SECOND_CLUSTER = "sim2"
 #: The share of embedded schedules in which a node of another state directory starts in the region.
 SECOND_HOME_SHARE = 0.3
 COMBINED_FAULTS = {"crash_and_wipe", "delete_prefix_under_cut", "second_cluster", "second_home"}
+#: The share of etcd schedules whose last host starts late with its clock off past the
+#: peers' bound, and the share of those in which NTP sets it right a few seconds later.
+LATE_HOST = "late_host"
+LATE_HOST_SHARE = 0.3
+LATE_CLOCK_FIXED_SHARE = 0.8
 #: Schedules that mint through partitions (no fence; the mark is the only guard).
 PARTITION_MINTING_SHARE = 0.15
 FAULTS_MIN, FAULTS_MAX = 50, 150
@@ -2178,6 +2509,11 @@ CONNECTIONS = (b"c0", b"c1", b"c2")
 BURST_SHARE = 0.02
 #: A frame between broker and worker (the backend's ipc socket) arrives this much later.
 LINK_NS = 50_000
+#: The peers' sockets: how the routing core names a peer's connection, a request's (and an
+#: answer's) time across the network, and the longest a new connection takes to come up.
+PEER_ADDR = b"peer"
+PEER_LINK_NS = 200_000
+PEER_CONNECT_MAX_NS = 500 * MS
 #: The simulated etcd's members, as the stores' clients name them.
 ETCD_LABELS = [f"127.0.0.1:{2379 + i}" for i in range(3)]
 #: The broker's timers run this often (broker/main.py's HOUSEKEEPING_NS, their period under load;
@@ -2203,6 +2539,15 @@ STORE_FAULTS_PROVABLE = {"mark_corrupt", "delete_layout", "delete_mark"}
 JOURNAL_LOSS_SHARE = 0.3
 
 PROCESS_FAULTS = {"crash", "restart", "pause", "pause_in_call"}
+
+#: The clock verdict's invariant: a host clearly off is off past the peers' bound by this
+#: much (more than any round trip on the peers' links); a member stopped this long ago no
+#: longer votes; and a host clearly off for this long claims and is sent nothing (a round
+#: of offsets every PEER_INTERVAL_S, a member that joined is seen at the next read of the
+#: membership, a second later, and its connection takes up to PEER_CONNECT_MAX_NS).
+CLOCK_MARGIN_NS = 20 * MS
+CLOCK_RECENT_NS = 4 * NS
+CLOCK_GRACE_NS = 2 * PEER_INTERVAL_NS + PEER_CONNECT_MAX_NS + 100 * MS
 
 #: The watermark (broker/watermark.py): seconds between a node's rounds (drawn per schedule;
 #: the service's default is 1 s), the mean gap between a node's clients' WATERMARK requests
@@ -2246,6 +2591,9 @@ def run_schedule(
         "partition_minting": world.partition_minting,
         "mixed": world.mixed,
         "region_refused": world.counts.get("region_refused", 0),
+        # The broker's own worker ID's mints, and how often a broker's clock verdict refused claims.
+        "own_mints": world.counts.get("own_mints", 0),
+        "clock_refused": world.counts.get("clock_refused", 0),
         "home_refused": world.counts.get("home_refused", 0),
         "violation": violation,
         "faults": len(world.faults),
