@@ -168,9 +168,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: The regions a module's own nodes take, one each in turn: they run beside the suite's server
+#: (region 0) and the stalled server (region 1) on state directories of their own, and a host
+#: refuses two state directories in one region (store/home.py). Region 4 is the shard module's.
+_MODULE_REGIONS = itertools.cycle((2, 3, 5, 6, 7))
+
+
 def started(directory: Path, workers: int = 1, args: tuple[str, ...] = (), tcp: bool = False, **kwargs) -> Server:
     """A server started and ready (``tcp``: bound to ``tcp://127.0.0.1`` on a port the system
-    picks, instead of ``ipc://``); killed by the caller (``Server.kill``) in any case."""
+    picks, instead of ``ipc://``), in a region of its own unless ``args`` name one; killed by
+    the caller (``Server.kill``) in any case."""
+    if "--region" not in args:
+        args = (*args, "--region", str(next(_MODULE_REGIONS)))
     srv = Server(directory, workers=workers, args=args, **kwargs)
     if tcp:
         srv.endpoint = "tcp://127.0.0.1:0"
@@ -201,7 +210,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def stalled_server(tmp_path_factory):
     """A 1-worker server whose worker is SIGSTOPped until the broker takes it out of rotation."""
-    srv = Server(tmp_path_factory.mktemp("stalled"), workers=1, args=FAST_HEARTBEAT)
+    srv = Server(tmp_path_factory.mktemp("stalled"), workers=1, args=(*FAST_HEARTBEAT, "--region", "1"))
     pid = None
     try:
         srv.start()

@@ -68,8 +68,16 @@ def keys(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def allow_node(start_node, tmp_path_factory, keys):
-    """A node with CURVE and an allow-list, bound to tcp:// (``--fast-bind auto``)."""
-    args = ("--curve-secret-key", str(keys / "server.key_secret"), "--curve-allow", str(keys / "allow"))
+    """A node with CURVE and an allow-list read once, at start (``--curve-allow-poll-s 0``; the
+    default reads it again every second), bound to tcp:// (``--fast-bind auto``)."""
+    args = (
+        "--curve-secret-key",
+        str(keys / "server.key_secret"),
+        "--curve-allow",
+        str(keys / "allow"),
+        "--curve-allow-poll-s",
+        "0",
+    )
     srv = _curve_node(start_node, tmp_path_factory.mktemp("curve"), args, keys, tcp=True)
     try:
         shutil.copy(keys / "bob.key", keys / "allow" / "bob.key")  # after the start: not read
