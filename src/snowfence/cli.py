@@ -1310,6 +1310,7 @@ def _nodes_status(args: argparse.Namespace) -> int:
 
     _curve_keys(args)
     views: dict[str, dict] = {}
+    failures: list[SnowfenceError] = []
     for endpoint in _endpoints(args):
         try:
             with Client(
@@ -1325,6 +1326,12 @@ def _nodes_status(args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from None
         except SnowfenceError as exc:
             views[endpoint] = {"error": {"code": exc.code, "message": str(exc)}}
+            failures.append(exc)
+    if len(failures) == len(views):  # none answered: one line, as for one endpoint
+        where = ", ".join(views)
+        error = type(failures[0])(f"no endpoint answered ({failures[0]}): is snowfence serve running at {where}?")
+        error.code = failures[0].code
+        raise error
     homes: dict[int, tuple[str, str]] = {}
     conflicts = []
     for endpoint, status in views.items():

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import leftovers
+import netns
 import pytest
 import sfwire
 import zmq
@@ -47,7 +48,16 @@ def pytest_collection_modifyitems(config, items):
 class Server:
     """One ``snowfence serve`` process group, observed only through the wire protocol."""
 
-    def __init__(self, directory: Path, workers: int = 2, args: tuple[str, ...] = (), ids_per_worker: int = 1) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        workers: int = 2,
+        args: tuple[str, ...] = (),
+        ids_per_worker: int = 1,
+        prefix: list[str] | None = None,
+    ) -> None:
+        #: A command the server runs under (netns.own_host() for a server that outlives a module).
+        self.prefix = list(prefix or ())
         self.dir = directory
         self.workers = workers
         #: Entries of STATUS ``workers`` when ready: one per worker ID its workers hold.
@@ -65,6 +75,7 @@ class Server:
 
     def start(self) -> Server:
         cmd = [
+            *self.prefix,
             sys.executable,
             "-m",
             "snowfence",
@@ -168,10 +179,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-#: The regions a module's own nodes take, one each in turn: they run beside the suite's server
-#: (region 0) and the stalled server (region 1) on state directories of their own, and a host
-#: refuses two state directories in one region (store/home.py). Region 4 is the shard module's.
-_MODULE_REGIONS = itertools.cycle((2, 3, 5, 6, 7))
+#: The regions a module's own nodes take, one each in turn: they run beside other modules' nodes
+#: and each other on state directories of their own, and a host refuses two state directories in
+#: one region (store/home.py). Region 4 is the shard module's.
+_MODULE_REGIONS = itertools.cycle((1, 2, 3, 5, 6, 7))
 
 
 def started(directory: Path, workers: int = 1, args: tuple[str, ...] = (), tcp: bool = False, **kwargs) -> Server:
@@ -197,7 +208,9 @@ def started(directory: Path, workers: int = 1, args: tuple[str, ...] = (), tcp: 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """The suite's server: 2 workers, embedded mode, default layout; ready when yielded."""
-    srv = Server(tmp_path_factory.mktemp("conformance"), workers=2)
+    # On a host of its own: it lives for the whole session, beside every later test's nodes
+    # (a host refuses a second state directory in its region).
+    srv = Server(tmp_path_factory.mktemp("conformance"), workers=2, prefix=netns.own_host())
     try:
         srv.start()
         srv.ready_status = srv.wait_ready()
@@ -210,7 +223,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def stalled_server(tmp_path_factory):
     """A 1-worker server whose worker is SIGSTOPped until the broker takes it out of rotation."""
-    srv = Server(tmp_path_factory.mktemp("stalled"), workers=1, args=(*FAST_HEARTBEAT, "--region", "1"))
+    srv = Server(tmp_path_factory.mktemp("stalled"), workers=1, args=FAST_HEARTBEAT, prefix=netns.own_host())
     pid = None
     try:
         srv.start()

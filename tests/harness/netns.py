@@ -65,3 +65,24 @@ def outside() -> None:
     """A ``preexec_fn``: run the child in the namespace this process started in."""
     if _original_fd is not None and _libc.setns(_original_fd, CLONE_NEWNET) != 0:
         raise OSError(ctypes.get_errno(), "setns to the original network namespace failed")
+
+
+_own_host: list[str] | None = None
+
+
+def own_host() -> list[str]:
+    """A command prefix that runs a process on a host of its own (``unshare -rn``: a user
+    and a network namespace, which needs no root where user namespaces are allowed), for a
+    node that outlives a test beside other tests' nodes (a session's or a module's server,
+    reached over ipc://, which crosses network namespaces); [] where that cannot be had."""
+    global _own_host
+    if _own_host is None:
+        import shutil
+        import subprocess
+
+        prefix = ["unshare", "-rn"]
+        ok = shutil.which("unshare") is not None and (
+            subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+        )
+        _own_host = prefix if ok else []
+    return list(_own_host)

@@ -59,7 +59,11 @@ class Node:
         #: What the node binds: its endpoint, unless told otherwise (``tcp://127.0.0.1:0``:
         #: a port the kernel picks, known after :meth:`wait_bound`).
         self.bind = bind or self.endpoint
-        self.state_dir = state_dir or tmp_path / f"{name}-state"
+        # Embedded nodes of one test share a state directory unless told otherwise, as nodes of
+        # one host serving one region must (a host refuses a second directory in a region:
+        # store/home.py); an etcd-mode node's directory holds its own journal.
+        etcd = "--etcd" in args
+        self.state_dir = state_dir or (tmp_path / f"{name}-state" if etcd else tmp_path / "state")
         self.workers = workers
         self.args = list(args)
         self.env = {**os.environ, **(env or {})}
