@@ -360,6 +360,9 @@ def test_a_restore_no_journal_saw_and_a_clock_behind_by_more_than_the_bound_clai
 #: seed stays as one more schedule, which must be clean and must have been exercised.
 KEPT_SEEDS = [
     (20261746, None),
+    # A second home let in while the first node was down between a stop and its start (the
+    # first node's start, refused then, is not modelled): the fault waits for the node now.
+    (680120256489, "embedded"),
     (3000387, "embedded"),
     (7104997, "embedded"),
     (7314336, "embedded"),
