@@ -202,7 +202,14 @@ class Node:
         # Held before anything is bound or spawned, and let go after every worker is gone:
         # while any process of this node may mint, no other home may serve its region here.
         self.home = home.HomeHold(home.for_config(self.config))
-        self.home.hold()
+        if self.home.hold() is None:
+            event(
+                log,
+                "region_home_unchecked",
+                "cannot read /proc/net/unix: another state directory serving this region on this host would "
+                "not be seen (this node's own name is held, so a later one sees it)",
+                level=logging.WARNING,
+            )
         for name, message in preflight.warnings(self.config):
             event(log, name, message, level=logging.WARNING)
         # Read (and taken out of the environment) before any worker is spawned.

@@ -225,9 +225,10 @@ def check(config) -> None:
     """Refuse (RegionHeld) if another home serves this node's region here; binds nothing
     (``check-config``)."""
     homes = read_homes()
-    if homes is None or (config.embedded and not os.path.isdir(config.state_dir)):
-        if homes is None or not config.embedded:
-            return
+    if homes is None:
+        return  # no table to read here (serve says so when it binds its name)
+    if config.embedded and not os.path.isdir(config.state_dir):
+        # A directory not made yet is no home another node shares: any home of the region refuses it.
         mine = Home(config.region, "dir-new", 0, os.path.realpath(config.state_dir))
     else:
         mine = for_config(config, pid=0)

@@ -74,3 +74,22 @@ def test_holding_binds_a_name_the_kernel_lists_and_a_second_home_is_refused(tmp_
     finally:
         first.close()
     assert 1 not in {h.pid for h in read_homes() or []}
+
+
+def test_without_the_kernels_table_a_node_holds_its_name_and_says_it_saw_nothing(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    real = Path.read_text
+
+    def no_table(self, *args, **kwargs):
+        if str(self) == "/proc/net/unix":
+            raise PermissionError("not readable here")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", no_table)
+    assert read_homes() is None
+    hold = HomeHold(Home(6, "dir-1-2", 7, str(tmp_path)))
+    try:
+        assert hold.hold() is None and hold.sock is not None  # held, so a later node sees it
+    finally:
+        hold.close()
