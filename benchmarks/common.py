@@ -62,6 +62,12 @@ def wait_ready(endpoint: str, workers: int, timeout_s: float = 30.0) -> None:
     raise RuntimeError(f"{endpoint} not ready")
 
 
+def own_region(index: int, args) -> list[str]:
+    """``--region`` for the ``index``-th of servers started side by side on state directories
+    of their own (a host serves a region from one state directory), unless ``args`` name one."""
+    return [] if "--region" in args else ["--region", str(index % 8)]
+
+
 class Server:
     """A server process group: ``snowfence serve`` or the relay."""
 
@@ -90,7 +96,7 @@ def servers(specs: dict[str, dict]):
     started: dict[str, Server] = {}
     done = False
     try:
-        for name, spec in specs.items():
+        for index, (name, spec) in enumerate(specs.items()):
             endpoint = f"ipc://{root}/{name}.sock"
             if spec["kind"] == "relay":
                 cmd = [sys.executable, str(HERE / "relay.py"), "--bind", endpoint, "--workers", str(spec["workers"])]
@@ -107,6 +113,7 @@ def servers(specs: dict[str, dict]):
                     "--state-dir",
                     str(root / f"{name}-state"),
                     *spec.get("args", []),
+                    *own_region(index, spec.get("args", [])),
                 ]
             started[name] = Server(name, cmd, endpoint, root / f"{name}.log")
         for name, spec in specs.items():

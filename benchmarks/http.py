@@ -411,7 +411,8 @@ def main() -> None:
         if args.scenario in ("latency", "all"):
             a, fast_ep = start(root, "doors", 1)
             procs.append(a)
-            b, zmq_ep = start(root, "zeromq", 1, "--fast-bind", "off")
+            # A region of its own beside "doors" (a host serves a region from one state directory).
+            b, zmq_ep = start(root, "zeromq", 1, "--fast-bind", "off", "--region", "1")
             procs.append(b)
             rows = [latency(fast_ep, zmq_ep, args.duration, args.curl_runs) for _ in range(args.runs)]
             print(f"single ID round trip, us (medians of {args.runs} runs' p50 and p99):", flush=True)

@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import median, wait_ready
+from common import median, own_region, wait_ready
 
 from snowfence import AsyncClient, Client, protocol
 
@@ -258,7 +258,7 @@ def main() -> None:
     fast_ep, worker_ep, one_ep, two_ep = (nodes[n][0] for n in ("fast", "fast-worker", "zmq-one", "zmq-two"))
     procs = []
     try:
-        for name, (endpoint, extra) in nodes.items():
+        for index, (name, (endpoint, extra)) in enumerate(nodes.items()):
             serve = [
                 *pin,
                 sys.executable,
@@ -271,6 +271,7 @@ def main() -> None:
                 str(root / name),
             ]
             serve += extra + shlex.split(args.serve_args)
+            serve += own_region(index, serve)
             log = open(root / f"serve-{name}.log", "ab")
             procs.append(subprocess.Popen(serve, stdout=log, stderr=log, start_new_session=True))
         procs.append(
