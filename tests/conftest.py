@@ -7,7 +7,6 @@ import signal
 
 import netns
 import pytest
-
 from leftovers import (  # noqa: F401
     pytest_sessionfinish,
     pytest_sessionstart,

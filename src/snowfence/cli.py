@@ -1340,9 +1340,7 @@ def _nodes_status(args: argparse.Namespace) -> int:
             continue
         seen = homes.setdefault(region, (endpoint, store))
         if seen[1] != store:
-            conflicts.append(
-                {"region": region, "endpoints": [seen[0], endpoint], "stores": [seen[1], store]}
-            )
+            conflicts.append({"region": region, "endpoints": [seen[0], endpoint], "stores": [seen[1], store]})
     if args.json:
         print(orjson.dumps({"nodes": views, "conflicts": conflicts}, option=orjson.OPT_INDENT_2).decode())
     else:

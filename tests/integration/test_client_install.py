@@ -72,8 +72,16 @@ def client_venv(tmp_path_factory) -> Path:
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in ("pyzmq", "orjson")]
     # pip reaches the index from the machine's network namespace, not the test process's own.
     p = run(
-        python, "-m", "pip", "install", "--disable-pip-version-check", "-q", wheel, *pins,
-        timeout=180, preexec_fn=netns.outside,
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "-q",
+        wheel,
+        *pins,
+        timeout=180,
+        preexec_fn=netns.outside,
     )
     if p.returncode != 0 and OFFLINE.search(p.stdout + p.stderr) and not ci():
         pytest.skip(f"the package index is out of reach: {p.stderr.strip().splitlines()[-1]}")
