@@ -162,7 +162,7 @@ def test_bad_input_never_crashes_the_broker_and_slow_clients_are_bounded(nodes):
             except ConnectionResetError:
                 pass
     # Partial requests that never end hold a connection each, up to the cap; one more is turned away.
-    from snowfence.broker.http import MAX_CONNECTIONS
+    from snowfence.broker.doors.http import MAX_CONNECTIONS
 
     # The bad requests' connections first gone (the door lingers on a connection it answered
     # and closes): one still counted would turn one of the held ones away below.

@@ -154,7 +154,7 @@ def test_stores_are_built_in_one_place():
 #: The modules that hold sockets (docs/ARCHITECTURE.md, "Layers"): the rest decide without them.
 SOCKET_ADAPTERS = {
     "snowfence.broker.main",
-    "snowfence.broker.router",
+    "snowfence.broker.doors.zmq",
     "snowfence.broker.auth",
     "snowfence.broker.peers",
     "snowfence.workers.main",

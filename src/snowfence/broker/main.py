@@ -34,11 +34,11 @@ from ..logs import event, set_process_title
 from ..store import home
 from . import preflight, rundir
 from .auth import CurveServer
+from .doors.zmq import ZmqFront
 from .membership import Membership, advertised_endpoints, base_entry, node_name
 from .metrics import HealthServer, Metrics
 from .notify import Notifier
 from .peers import ALONE, PENDING, VOUCHED, PeerClocks, Verdict
-from .router import ZmqFront
 from .supervisor import SIGNALS, Supervisor
 
 if TYPE_CHECKING:

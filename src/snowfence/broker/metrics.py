@@ -63,7 +63,7 @@ class Metrics:
         self.snapshot_ns = time.monotonic_ns()
         self._next_ns = 0
         self.peers = None
-        #: The fast port (:class:`snowfence.broker.fast.FastPort`), when the node has one.
+        #: The fast port (:class:`snowfence.broker.doors.fast.FastPort`), when the node has one.
         self.fast = None
         #: The last state of the broker's own worker ID (for small requests), if it runs:
         #: what it holds counts with the workers' worker IDs.

@@ -23,8 +23,8 @@ Workers report their state (the STATE frame) every heartbeat and on change; a
 worker not ready, or silent for ``heartbeat_timeout_s``, is out of rotation.
 All timing here is monotonic.
 
-The sockets are :class:`snowfence.broker.router.ZmqFront`'s and the fast port's
-(:class:`snowfence.broker.fast.FastPort`); so is the framing of a client's
+The sockets are :class:`snowfence.broker.doors.zmq.ZmqFront`'s and the fast port's
+(:class:`snowfence.broker.doors.fast.FastPort`); so is the framing of a client's
 message. Whoever drives a :class:`Routing` (that adapter, a test, a
 simulator) gives it two send functions and a clock::
 

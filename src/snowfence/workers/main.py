@@ -51,7 +51,7 @@ log = logging.getLogger("snowfence.worker")
 FAULT_HOOKS_ENV = "SNOWFENCE_FAULT_HOOKS"
 
 # Hot path: pyzmq's Cython socket methods, without the Python wrappers (see
-# snowfence.broker.router for the measured difference).
+# snowfence.broker.doors.zmq for the measured difference).
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
 

@@ -25,8 +25,8 @@ import itertools
 import socket
 from collections.abc import Callable
 
-from .. import protocol
-from ..errors import BadRequest, ConfigError
+from ... import protocol
+from ...errors import BadRequest, ConfigError
 
 #: Bytes read from one connection per wake-up: about 200 plain RESERVEs.
 READ_BYTES = 4096
@@ -253,7 +253,7 @@ def fast_address(fast_bind: str, bind: str, curve: bool) -> tuple[str, int] | No
     port the system picks, when ``bind`` is tcp:// and CURVE is off; ``off`` (or
     empty) is none; otherwise ``HOST:PORT``. Never with CURVE: it would be a way
     around the allow-list."""
-    from ..config import host_port
+    from ...config import host_port
 
     if fast_bind in ("", "off") or curve:
         return None

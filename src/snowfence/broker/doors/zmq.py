@@ -15,14 +15,14 @@ from collections.abc import Callable
 import zmq
 import zmq.backend
 
-from .. import protocol
-from ..config import Config
-from ..errors import BadRequest, ConfigError
-from .auth import CurveServer
+from ... import protocol
+from ...config import Config
+from ...errors import BadRequest, ConfigError
+from ..auth import CurveServer
+from ..metrics import Metrics
+from ..routing import Routing
 from .fast import FastPort, fast_address, is_fast_addr
 from .http import HttpDoor, http_address
-from .metrics import Metrics
-from .routing import Routing
 
 #: Messages taken from one socket per wake-up before the other gets a turn.
 BATCH = 256
@@ -71,7 +71,7 @@ class ZmqFront:
         #: the sockets, for close() after a failed start.
         self.fast: FastPort | None = None
         self._fast_send = _no_fast_port
-        #: The HTTP door (``broker/http.py``), if this node has one; its connections' addresses
+        #: The HTTP door (``doors/http.py``), if this node has one; its connections' addresses
         #: have the fast connections' shape, with 1 for a second byte.
         self.http: HttpDoor | None = None
         self._http_send = _no_http_door

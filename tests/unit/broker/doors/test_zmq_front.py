@@ -11,7 +11,7 @@ import select
 import zmq
 
 from snowfence import protocol
-from snowfence.broker.router import ZmqFront
+from snowfence.broker.doors.zmq import ZmqFront
 from snowfence.broker.routing import Routing
 from snowfence.config import Config
 

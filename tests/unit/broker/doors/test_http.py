@@ -1,4 +1,4 @@
-"""The HTTP door (broker/http.py) on real loopback sockets, driven by an epoll loop of the
+"""The HTTP door (broker/doors/http.py) on real loopback sockets, driven by an epoll loop of the
 test's own, in front of a scripted routing core (and, once, the real one, and the router):
 what each path asks of the core, the JSON it answers, pipelining order, errors and their
 statuses, and the bounds on bad or slow clients. Real nodes: tests/integration/test_http_door.py."""
@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from snowfence import protocol
-from snowfence.broker import http as httpmod
-from snowfence.broker.fast import is_fast_addr
-from snowfence.broker.http import HttpDoor, http_address, ids_json, is_http_addr
+from snowfence.broker.doors import http as httpmod
+from snowfence.broker.doors.fast import is_fast_addr
+from snowfence.broker.doors.http import HttpDoor, http_address, ids_json, is_http_addr
 from snowfence.config import Config
 from snowfence.errors import ConfigError, Fenced, Overloaded, WatermarkUnavailable
 
@@ -647,7 +647,7 @@ def test_the_doors_requests_go_through_the_routing_cores_intake():
 
 
 def test_the_router_sends_replies_for_http_addresses_to_the_door_and_refuses_zeromq_peers_posing_as_one():
-    from snowfence.broker.router import ZmqFront
+    from snowfence.broker.doors.zmq import ZmqFront
 
     ctx = zmq.Context()
     router = ZmqFront(ctx, Config(bind="tcp://127.0.0.1:*"), "inproc://back-http-test")

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from snowfence import protocol
-from snowfence.broker import fast as fastmod
-from snowfence.broker.fast import FastPort, fast_address, is_fast_addr
+from snowfence.broker.doors import fast as fastmod
+from snowfence.broker.doors.fast import FastPort, fast_address, is_fast_addr
 from snowfence.clients.core import Block, ClientBase
 from snowfence.config import Config
 from snowfence.errors import BadRequest, ConfigError, FrameTooLarge

@@ -53,10 +53,10 @@ from urllib.parse import unquote_plus
 import httptools
 import orjson
 
-from .. import protocol
-from ..config import Config
-from ..errors import BadRequest, FrameTooLarge, SnowfenceError, Unavailable
-from ..ids import to_base32
+from ... import protocol
+from ...config import Config
+from ...errors import BadRequest, FrameTooLarge, SnowfenceError, Unavailable
+from ...ids import to_base32
 from .fast import listen_tcp
 
 #: Bytes read from one connection per wake-up.
