@@ -28,7 +28,7 @@ import time
 
 import orjson
 
-from . import __version__
+from . import __version__, verify
 from . import config as config_mod
 from .clients.core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
 from .clients.core.blocks import MAX_RESERVE
@@ -40,12 +40,6 @@ from .workers.exits import Exit
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
 #: More IDs than any layout holds (its widths sum to 63 bits).
 MAX_COUNT = (1 << 63) - 1
-#: How far past this host's clock an ID's millisecond may be before decode flags it "from the future".
-#: A node mints no ID ahead of its own clock, and refuses to mint when its clock is off
-#: by more than the skew bound (milliseconds to seconds); a day also allows for this
-#: host's clock being well off, and still catches IDs decoded with the wrong layout or
-#: epoch, or made up.
-FUTURE_MARGIN_MS = 24 * 3600 * 1000
 #: What separates IDs read from stdin: whitespace, or the commas, brackets and quotes of a JSON array.
 ID_SEPARATORS = re.compile(r'[\s,\[\]"]+')
 LAYOUT_FIELDS = ("epoch", "time_bits", "region_bits", "worker_bits", "sequence_bits", "shard_bits")
@@ -420,14 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(release, ETCD_FIELDS)
 
-    from . import verify as verify_mod
-
     check_ids = sub.add_parser(
         "verify",
         help="Check a dump of IDs: duplicates, IDs not valid for the layout, order within a worker ID.",
-        description=verify_mod.DESCRIPTION,
+        description=verify.DESCRIPTION,
     )
-    verify_mod.add_arguments(check_ids)
+    verify.add_arguments(check_ids)
     _connect_arg(check_ids, layout=True)
     _add_config_flags(check_ids, LAYOUT_FIELDS)
     completion = sub.add_parser(
@@ -743,7 +735,7 @@ def _id_flags(layout, fields, now_ms: int) -> list[str]:
     can disagree with its worker ID's."""
     flags = []
     ahead = fields.unix_ms - now_ms
-    if ahead > FUTURE_MARGIN_MS:
+    if ahead > verify.FUTURE_MARGIN_MS:
         flags.append(f"from the future ({ahead / 86_400_000:,.1f} days past this host's clock)")
     if layout.shard_bits:
         expected = layout.shard_of(fields.region, fields.worker)
@@ -796,8 +788,6 @@ def cmd_watermark(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from . import verify
-
     return verify.run(args, _layout_for(args))
 
 

@@ -61,6 +61,12 @@ DESCRIPTION = (
     "about 8 times slower: fine for tens of millions."
 )
 
+#: How far past this host's clock an ID's millisecond may be before it is invalid ("from the
+#: future"; ``decode --check`` flags it too). A node mints no ID ahead of its own clock, and
+#: refuses to mint when its clock is off by more than the skew bound (milliseconds to
+#: seconds); a day also allows for this host's clock being well off, and still catches IDs
+#: read with the wrong layout or epoch, or made up.
+FUTURE_MARGIN_MS = 24 * 3600 * 1000
 FORMATS = ("auto", "text", "json", "binary", "blocks", "uuid", "base32")
 #: Bytes auto-detection looks at.
 SNIFF_BYTES = 64 * 1024
@@ -110,8 +116,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--to", dest="time_to", metavar="TIME", help="Report IDs minted at or after TIME (ISO-8601 or Unix ms)."
     )
-    from .cli import FUTURE_MARGIN_MS  # as decode --check flags them
-
     parser.add_argument(
         "--future-margin",
         type=float,

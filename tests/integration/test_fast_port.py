@@ -188,7 +188,7 @@ def test_a_client_whose_fast_port_stops_answering_goes_on_over_zeromq(nodes):
         started = time.monotonic()
         blocks = [b for _ in range(20) for b in c.reserve(1)]
         took = time.monotonic() - started
-        assert c._fast is None and c._fast_off_until_ns > 0
+        assert c._fast is None and c.fast_path.off_until_ns > 0
     assert sum(b.count for b in blocks) == 20
     assert took < 2.0, f"a refused connection cost {took:.2f} s"  # refused at once: no timeout waited
     check_blocks([[(b.first, b.count) for b in blocks]])
@@ -240,7 +240,7 @@ def test_a_fast_port_that_stops_answering_sends_the_client_back_to_zeromq(nodes,
 
         def check(c, blocks, took):
             assert sum(x.count for x in blocks) == 10
-            assert c._fast_off_until_ns > 0  # ZeroMQ from the first timeout on, for a while
+            assert c.fast_path.off_until_ns > 0  # ZeroMQ from the first timeout on, for a while
             assert took < 0.5 + 1.5, f"{took:.2f} s: more than the one timeout"  # not one per call
             check_blocks([[(x.first, x.count) for x in blocks]])
 

@@ -7,7 +7,7 @@ import time
 import orjson
 import pytest
 
-from snowfence import cli
+from snowfence import cli, verify
 from snowfence.ids import DEFAULT_EPOCH_MS, Layout
 
 SHARDED = Layout(time_bits=39, region_bits=3, worker_bits=7, sequence_bits=12, shard_bits=2)
@@ -96,8 +96,8 @@ def _now_ms(layout):
 
 def test_decode_check_flags_ids_from_the_future_and_still_prints_them(capsys):
     L = Layout()
-    good, future = _id(L, _now_ms(L) - 1000), _id(L, _now_ms(L) + cli.FUTURE_MARGIN_MS + 60_000)
-    near = _id(L, _now_ms(L) + cli.FUTURE_MARGIN_MS - 60_000)  # within the margin
+    good, future = _id(L, _now_ms(L) - 1000), _id(L, _now_ms(L) + verify.FUTURE_MARGIN_MS + 60_000)
+    near = _id(L, _now_ms(L) + verify.FUTURE_MARGIN_MS - 60_000)  # within the margin
     status, out, err = run(["decode", str(good), str(future), str(near), "--check"], capsys)
     lines = out.splitlines()
     assert status == 1 and len(lines) == 3
@@ -125,7 +125,7 @@ def test_decode_check_flags_shard_bits_that_disagree_with_the_worker_ids_hash(ca
 
 def test_decode_without_a_check_keeps_its_output_and_exit_status(capsys):
     L = Layout()
-    future = _id(L, _now_ms(L) + 10 * cli.FUTURE_MARGIN_MS)
+    future = _id(L, _now_ms(L) + 10 * verify.FUTURE_MARGIN_MS)
     status, out, err = run(["decode", str(future)], capsys)
     assert status == 0 and not err and "INVALID" not in out and out.startswith(f"{future}  ")
     status, out, _ = run(["decode", str(future), "--json"], capsys)

@@ -36,6 +36,76 @@ def imports(path: Path) -> set[str]:
 MODULES = {module_name(p): imports(p) for p in SRC.rglob("*.py")}
 
 
+def arrows(path: Path) -> set[str]:
+    """The modules of src that ``path`` imports (anywhere in it, those only for type checking
+    too): ``from a import b`` points at ``a.b`` where that is a module, else at ``a``. A
+    package's ``__init__`` counts only when a name of its own is imported from it."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)  # ``import a.b`` names a module
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            prefix = f"{base}.{node.module}" if node.level and node.module else (node.module or base)
+            for alias in node.names:
+                target = f"{prefix}.{alias.name}"
+                found.add(target if target in MODULES else prefix)
+    return {f for f in found if f in MODULES} - {module_name(path)}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (module -> the modules it imports): each set of
+    modules that reach one another, sorted (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in graph.get(module, ()):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                component.append(other)
+                if other == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_module_imports_itself_round_a_circle():
+    """A circle of imports works only in some orders of import, and says two modules hold one
+    job between them: what both need belongs in the lower one."""
+    graph = {module_name(p): arrows(p) for p in SRC.rglob("*.py")}
+    assert sum(map(len, graph.values())) > 100, "the import graph was not read"
+    assert cycles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle_however_long_and_only_circles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c", "e"}, "e": set()}) == [["a", "b"], ["c", "d"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"c"}}) == []
+
+
 def importers_of(target: str) -> set[str]:
     return {m for m, found in MODULES.items() if any(f == target or f.startswith(target + ".") for f in found)}
 

@@ -29,7 +29,7 @@ WARN_EVERY_S = 60.0
 
 class Watermark:
     """Earns and keeps the node's watermark. ``promised_ms`` (ms since the epoch; 0: none
-    yet) and ``promised_at_ns`` (monotonic) are read by the broker's loop."""
+    yet) is read by the broker's loop."""
 
     def __init__(
         self,
@@ -45,7 +45,6 @@ class Watermark:
         self._mono_ns = mono_ns
         self.store = None
         self.promised_ms = 0
-        self.promised_at_ns = 0
         self.rounds = 0
         self.failures = 0
         self.last_error: str | None = None
@@ -108,7 +107,6 @@ class Watermark:
             self.failures, self._warned_ns = 0, None
         if promised > self.promised_ms:
             self.promised_ms = promised
-            self.promised_at_ns = self._mono_ns()
         return self.promised_ms
 
     def _failed(self, why: str) -> None:

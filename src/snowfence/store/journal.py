@@ -205,11 +205,6 @@ class Journal:
             if doc is not None:
                 self._merge(doc)
 
-    def save(self) -> None:
-        """Write the journal back, merged with what other processes wrote; durable on return."""
-        with self._lock:
-            self._save()
-
     def _save(self) -> None:
         if self._damaged:
             raise StoreWentBack(self._damaged)

@@ -111,14 +111,13 @@ class Clocks:
 class Held:
     """One worker ID this process holds: its lease, keeper, minter and state."""
 
-    __slots__ = ("lease", "keeper", "minter", "state", "since_ns")
+    __slots__ = ("lease", "keeper", "minter", "state")
 
-    def __init__(self, lease: Lease, keeper: Keeper, minter: Minter, now_ns: int) -> None:
+    def __init__(self, lease: Lease, keeper: Keeper, minter: Minter) -> None:
         self.lease = lease
         self.keeper = keeper
         self.minter = minter
         self.state: State = WAITING
-        self.since_ns = now_ns
 
     @classmethod
     def start(
@@ -163,7 +162,7 @@ class Held:
             loop_ns=loop_ns,
             stall_s=config.loop_stall_s,
         )
-        return cls(lease, keeper, minter, clocks.mono_ns())
+        return cls(lease, keeper, minter)
 
     def describe(self, mono_ns: int) -> protocol.HeldState:
         minter, keeper, lease = self.minter, self.keeper, self.lease
@@ -506,7 +505,6 @@ class WorkerCore:
         if held.state == state:
             return
         old, held.state = held.state, state
-        held.since_ns = self._mono()
         alarm = state in (FENCED, CLOCK_UNSAFE)
         if alarm:
             self.counters[f"{state}_events"] += 1

@@ -152,7 +152,7 @@ def test_a_reply_to_another_round_is_not_taken():
     mine.requests(0)
     matched = c._core.match(protocol.encode_block(p.request_id, 1 << 40, 1))
     mine.on_reply(*matched)
-    assert mine.job.granted == 0 and len(mine.waiting) == 1
+    assert not mine.job.blocks and len(mine.waiting) == 1
 
 
 # -- status --------------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def test_a_late_reply_from_the_endpoint_given_up_on_never_answers_a_newer_reques
     # The frozen node wakes up and answers the request the client gave up on, with a block
     # of the same size: it matches nothing (the blocking client has closed that socket anyway).
     assert c._core.match(protocol.encode_block(old.request_id, 1 << 40, 5)) is None
-    assert r.waiting == {new.request_id: new} and r.job.granted == 0
+    assert r.waiting == {new.request_id: new} and not r.job.blocks
     grant(c, r, new, first=1 << 41)
     assert r.job.result()[0].first == 1 << 41
 

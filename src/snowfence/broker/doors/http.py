@@ -20,7 +20,7 @@ An HTTP connection's routing address is ``b"\\x00\\x01"`` + 7 bytes: the shape o
 fast connection's (nine bytes, the first zero: ``fast.is_fast_addr``), so the router's
 one test of that shape refuses a ZeroMQ peer posing as either; the second byte tells
 them apart (a fast connection's is 0: its counter would need 2**56 connections to
-reach it). :func:`is_http_addr` is the test.
+reach it), and the router sends a reply whose address has it here.
 
 Bounds, so bad input never holds the loop or its memory: at most ``MAX_CONNECTIONS``
 connections (one more gets a 503 and is closed); a request head of at most
@@ -126,11 +126,6 @@ STATUS_OF_CODE = {
 _IDS, _STATUS, _NODES, _WATERMARK, _DONE = range(5)
 _PATHS = {b"/v1/ids": _IDS, b"/v1/status": _STATUS, b"/v1/nodes": _NODES, b"/v1/watermark": _WATERMARK}
 _ENCODE = {_STATUS: protocol.encode_status, _NODES: protocol.encode_nodes, _WATERMARK: protocol.encode_watermark}
-
-
-def is_http_addr(addr: bytes) -> bool:
-    """Whether a routing address is an HTTP connection's (the router sends its replies here)."""
-    return len(addr) == ADDR_SIZE and addr[0] == 0 and addr[1] == 1
 
 
 def _no_watch(fd: int, mask: int) -> None:
@@ -302,7 +297,6 @@ class _Conn:
         "method",
         "url",
         "body",
-        "body_limit",
         "next_rid",
         "more",
     )
@@ -339,7 +333,6 @@ class _Conn:
         self.method = b""
         self.url = b""
         self.body: bytes | None = None
-        self.body_limit = False
         self.next_rid = itertools.count(1).__next__
         #: Requests granted in part: the rest is to be asked for.
         self.more: list[_Request] = []

@@ -30,7 +30,7 @@ The one thing here that touches a socket is how both clients open theirs
 from __future__ import annotations
 
 from .blocks import Block, Watermark, as_array, as_numpy, check_after, check_count
-from .client import MAX_TIMEOUT_S, ClientBase
+from .client import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_WINDOW, MAX_TIMEOUT_S, ClientBase
 from .directory import DISCOVER_EVERY_S, DISCOVER_TIMEOUT_S, Directory
 from .fastpath import FAST_CONNECT_TIMEOUT_S, FAST_RETRY_S, KEEP, FastPath, fits_one_request
 from .handshake import EVENTS, GREETING_BYTES, GREETING_START, Link, greeting_address, greeting_mechanism
@@ -39,9 +39,6 @@ from .prefetch import Prefetch, PrefetchDepth, fresh
 from .rounds import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
-    DEFAULT_RETRIES,
-    DEFAULT_TIMEOUT_S,
-    DEFAULT_WINDOW,
     ReserveJob,
     ReserveRound,
     StatusRound,

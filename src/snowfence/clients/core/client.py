@@ -16,8 +16,11 @@ from .directory import DISCOVER_TIMEOUT_S, Directory
 from .fastpath import FastPath
 from .handshake import Link
 from .inflight import Core, Pending
-from .rounds import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_WINDOW
 
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_RETRIES = 5
+#: Requests one reservation keeps in flight at once.
+DEFAULT_WINDOW = 32
 #: The longest timeout a client takes: ZeroMQ polls in int32 milliseconds.
 MAX_TIMEOUT_S = 1_000_000.0
 
@@ -231,27 +234,9 @@ class ClientBase:
     def _fast_asked(self, endpoint: str | None) -> None:
         self.fast_path.asked = endpoint
 
-    @property
-    def _fast_off_until_ns(self) -> int:
-        """Until when the fast port is left alone (:attr:`FastPath.off_until_ns`)."""
-        return self.fast_path.off_until_ns
-
     def _fast_unknown(self) -> bool:
         """Whether the current node may have a fast port this client has not asked about."""
         return self.fast_path.unknown(self.endpoint, self.curve is not None)
-
-    def _learn_fast(self, answer: dict) -> None:
-        """Take the fast ports from a NODES answer the current node gave."""
-        self.fast_path.learn(answer, self.endpoint)
-
-    def _fast_route(self, n: int, chunk: int, now_ns: int) -> tuple[str, int] | None:
-        """Where on the fast port a reservation of ``n`` (in requests of at most ``chunk``)
-        goes, or None for ZeroMQ (see :meth:`FastPath.route`)."""
-        return self.fast_path.route(self.endpoint, n, chunk, now_ns, self.curve is not None)
-
-    def _fast_still(self, endpoint: str, port: int, n: int, chunk: int) -> bool:
-        """Whether a reservation of ``n`` goes to the fast connection open now (see :meth:`FastPath.still`)."""
-        return self.fast_path.still(self.endpoint, endpoint, port, n, chunk)
 
     def _fast_choice(self, conn, n: int, chunk: int, now_ns: int):
         """For a turn of a round: ``KEEP`` the open fast connection ``conn`` (None: none is

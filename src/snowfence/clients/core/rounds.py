@@ -8,20 +8,13 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ... import protocol
 from ...errors import BadRequest, Overloaded, SnowfenceError
 from .blocks import Block, Watermark, check_after, check_count
+from .client import DEFAULT_RETRIES, DEFAULT_WINDOW, ClientBase
 from .inflight import Pending
 
-if TYPE_CHECKING:
-    from .client import ClientBase
-
-DEFAULT_TIMEOUT_S = 5.0
-DEFAULT_RETRIES = 5
-#: Requests one reservation keeps in flight at once.
-DEFAULT_WINDOW = 32
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
 #: A job's retries while a time budget (``retry_for_s``) decides instead of a count.
@@ -54,10 +47,6 @@ class ReserveJob:
     def __post_init__(self) -> None:
         self.unasked = check_count(self.n)
         self.after = check_after(self.after)
-
-    @property
-    def granted(self) -> int:
-        return sum(b.count for b in self.blocks)
 
     @property
     def done(self) -> bool:

@@ -365,9 +365,20 @@ def client(endpoint="tcp://10.0.0.5:5555", **kw) -> ClientBase:
     return c
 
 
+def learn(c: ClientBase, answer: dict) -> None:
+    """The fast ports of a NODES answer the client's current node gave."""
+    c.fast_path.learn(answer, c.endpoint)
+
+
+def route(c: ClientBase, n: int, chunk: int, now_ns: int) -> tuple[str, int] | None:
+    """Where on the fast port the client sends a reservation of ``n``, or None for ZeroMQ."""
+    return c.fast_path.route(c.endpoint, n, chunk, now_ns, c.curve is not None)
+
+
 def test_a_client_learns_each_nodes_fast_port_and_uses_it_only_for_one_request():
     c = client()
-    c._learn_fast(
+    learn(
+        c,
         {
             "fast_port": 40001,
             "nodes": [
@@ -378,30 +389,30 @@ def test_a_client_learns_each_nodes_fast_port_and_uses_it_only_for_one_request()
                 {"endpoints": ["tcp://10.0.0.9:5555"], "fast_port": 70000},
                 "garbage",
             ],
-        }
+        },
     )
-    assert c._fast_route(1, protocol.MAX_BLOCK, 0) == ("10.0.0.5", 40001)
-    assert c._fast_route(protocol.MAX_BLOCK, protocol.MAX_BLOCK, 0) == ("10.0.0.5", 40001)
-    assert c._fast_route(protocol.MAX_BLOCK + 1, 10**6, 0) is None  # more than one request
-    assert c._fast_route(100, 64, 0) is None  # split in requests of 64
+    assert route(c, 1, protocol.MAX_BLOCK, 0) == ("10.0.0.5", 40001)
+    assert route(c, protocol.MAX_BLOCK, protocol.MAX_BLOCK, 0) == ("10.0.0.5", 40001)
+    assert route(c, protocol.MAX_BLOCK + 1, 10**6, 0) is None  # more than one request
+    assert route(c, 100, 64, 0) is None  # split in requests of 64
     c.directory.current = "tcp://10.0.0.6:5555"
-    assert c._fast_route(1, protocol.MAX_BLOCK, 0) == ("10.0.0.6", 40002)
+    assert route(c, 1, protocol.MAX_BLOCK, 0) == ("10.0.0.6", 40002)
     for bad in ("tcp://10.0.0.7:5555", "tcp://10.0.0.8:5555", "tcp://10.0.0.9:5555"):
         c.directory.current = bad
-        assert c._fast_route(1, protocol.MAX_BLOCK, 0) is None, bad
+        assert route(c, 1, protocol.MAX_BLOCK, 0) is None, bad
         assert not c._fast_unknown()  # listed without one: not asked again
 
 
 def test_after_a_failure_a_client_leaves_the_fast_port_alone_for_a_while():
     c = client()
-    c._learn_fast({"fast_port": 40001, "nodes": []})
+    learn(c, {"fast_port": 40001, "nodes": []})
     c._fast_failed(1_000)
-    assert c._fast_route(1, protocol.MAX_BLOCK, 2_000) is None
+    assert route(c, 1, protocol.MAX_BLOCK, 2_000) is None
     assert c._fast_unknown()  # asked again: a node restarted with auto has another port
-    c._learn_fast({"fast_port": 40007, "nodes": []})
-    assert c._fast_route(1, protocol.MAX_BLOCK, 3_000) is None  # still left alone
+    learn(c, {"fast_port": 40007, "nodes": []})
+    assert route(c, 1, protocol.MAX_BLOCK, 3_000) is None  # still left alone
     later = 1_000 + int(30 * 1e9)
-    assert c._fast_route(1, protocol.MAX_BLOCK, later) == ("10.0.0.5", 40007)
+    assert route(c, 1, protocol.MAX_BLOCK, later) == ("10.0.0.5", 40007)
 
 
 def test_a_client_asks_a_new_node_for_its_fast_port_once_and_never_over_ipc_or_with_curve():
@@ -411,7 +422,7 @@ def test_a_client_asks_a_new_node_for_its_fast_port_once_and_never_over_ipc_or_w
     assert pending.kind == protocol.NODES
     assert not c._fast_unknown() and c._discovery(1) is None  # asked: not again
     c._discovered(protocol.Reply(protocol.NODES_REPLY, pending.request_id, nodes={"nodes": [], "fast_port": None}))
-    assert c._fast_route(1, protocol.MAX_BLOCK, 0) is None
+    assert route(c, 1, protocol.MAX_BLOCK, 0) is None
     assert c.endpoints == ["tcp://10.0.0.5:5555"]  # without discovery, the list stays the seeds
     assert not client("ipc:///run/sf.sock")._fast_unknown()
     curved = client()
@@ -421,8 +432,8 @@ def test_a_client_asks_a_new_node_for_its_fast_port_once_and_never_over_ipc_or_w
 
 def test_the_answering_nodes_own_port_is_used_at_the_host_the_client_reached_it_on():
     c = client("tcp://[::1]:5555")
-    c._learn_fast({"fast_port": 40001, "nodes": [{"endpoints": ["tcp://10.0.0.5:5555"], "fast_port": 40009}]})
-    assert c._fast_route(1, protocol.MAX_BLOCK, 0) == ("::1", 40001)
+    learn(c, {"fast_port": 40001, "nodes": [{"endpoints": ["tcp://10.0.0.5:5555"], "fast_port": 40009}]})
+    assert route(c, 1, protocol.MAX_BLOCK, 0) == ("::1", 40001)
 
 
 # -- the asyncio client's one-request path -------------------------------------------------------
@@ -647,7 +658,7 @@ def test_the_blocking_clients_single_request_skips_a_stale_reply_and_goes_to_zer
     from snowfence.clients import blocking
 
     assert calls[0][1] is blocking._LOST
-    assert c._fast is None and fast.closed and c._fast_off_until_ns  # ZeroMQ for a while
+    assert c._fast is None and fast.closed and c.fast_path.off_until_ns  # ZeroMQ for a while
 
 
 def test_the_blocking_clients_single_request_that_times_out_is_a_timeout_of_its_round():
