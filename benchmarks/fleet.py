@@ -275,13 +275,15 @@ def etcd_delta(before: dict, after: dict, name: str, how=sum) -> float:
 
 def count_claims(cluster, cluster_name: str) -> int:
     """How many worker IDs are claimed now (keys under ``workers/``); -1 if etcd did not answer."""
+    from snowfence.etcd.keys import ClusterKeys
+
     result = subprocess.run(
         [
             cluster.etcdctl,
             "--endpoints",
             ",".join(cluster.endpoints),
             "get",
-            f"/snowfence/{cluster_name}/workers/",
+            ClusterKeys(cluster_name).claims(),
             "--prefix",
             "--keys-only",
         ],

@@ -33,6 +33,7 @@ from . import config as config_mod
 from .clients.core import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
 from .clients.core.blocks import MAX_RESERVE
 from .errors import ConfigError, EtcdUnavailable, HandshakeRefused, SnowfenceError, StateDirError
+from .etcd.keys import REGION_CLAIMS
 from .ids import BASE32_WIDTH, format_unix_ms, from_base32, to_base32
 from .protocol import MAX_BLOCK, endpoint_problem, with_scheme
 from .workers.exits import Exit
@@ -406,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     release = sub.add_parser(
         "release-region",
         help="Give up a retired cluster's region claims in etcd, so another cluster may use its regions.",
-        description="Each cluster of an etcd claims its region numbers (in /snowfence/region-claims), so that a "
+        description=f"Each cluster of an etcd claims its region numbers (in {REGION_CLAIMS}), so that a "
         "second cluster, a mistyped --cluster say, cannot mint in a region another cluster holds. When a cluster "
         "is retired for good, this removes its claims (--etcd/--cluster name it). Refused while any of its worker "
         "IDs is held. The next cluster to claim a region starts a new store, whose claims wait out the longest "

@@ -130,7 +130,7 @@ def recorded_layout(config: Config) -> Genesis | None:
 
 def _layout_record(connection) -> bytes | None:
     """The etcd cluster's layout record (its genesis) as stored; None if there is none yet."""
-    value, _ = connection.client.get(connection.prefix + "layout")
+    value, _ = connection.client.get(connection.keys.layout())
     return value
 
 
@@ -182,9 +182,9 @@ def check_region(config: Config) -> None:
 
 
 def _region_claims(connection) -> bytes | None:
-    from ..etcd import regions
+    from ..etcd import keys
 
-    value, _ = connection.client.get(regions.KEY)
+    value, _ = connection.client.get(keys.REGION_CLAIMS)
     return value
 
 

@@ -92,8 +92,9 @@ class Connection:
         self.config = config
         if build_client is not None:  # the simulator's and the tests' etcd
             self._build_client = build_client
-        #: Every key of the cluster is under it (see :mod:`.keys`).
-        self.prefix = keys.prefix(config.cluster)
+        #: The cluster's keys (see :mod:`.keys`), every one under ``prefix``.
+        self.keys = keys.ClusterKeys(config.cluster)
+        self.prefix = self.keys.prefix
         self.timeout_s = config.etcd_timeout_s
         self.endpoints = [etcd_endpoint(url) for url in config.etcd]
         self._client = None

@@ -11,15 +11,14 @@ lease store's, :mod:`.store`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import quote
 
 import orjson
 
 from ..errors import LayoutMismatch, SnowfenceError
 from .client import Connection, etcd_call
+from .keys import REGION_CLAIMS as CLAIMS_KEY
 from .keys import mark_ms, place
 from .keys import range_end as _range_end
-from .regions import KEY as CLAIMS_KEY
 from .regions import RegionClaims
 from .regions import parse as parse_claims
 
@@ -40,7 +39,7 @@ class Cluster(Connection):
     """The nodes, regions and worker IDs of the cluster ``config`` names."""
 
     def node_key(self, name: str) -> str:
-        return f"{self.prefix}nodes/{quote(name, safe='')}"
+        return self.keys.node(name)
 
     def grant_lease(self, ttl_s: int) -> int:
         return self.client.lease(ttl_s).id
@@ -124,7 +123,7 @@ class Cluster(Connection):
     def nodes(self) -> list[dict]:
         """The live nodes' entries (each under its node's lease), by name; unreadable ones left out."""
         out = []
-        for value, _ in self.client.get_prefix(self.prefix + "nodes/"):
+        for value, _ in self.client.get_prefix(self.keys.nodes()):
             try:
                 entry = orjson.loads(value)
             except orjson.JSONDecodeError:
@@ -140,7 +139,7 @@ class Cluster(Connection):
 
     def record_region(self, region: int, node: str) -> None:
         """Note that this cluster has nodes of ``region`` (no lease: the record stays)."""
-        key = f"{self.prefix}regions/{region}"
+        key = self.keys.region(region)
         tx = self.client.transactions
         self.client.transaction(
             compare=[tx.create(key) == 0], success=[tx.put(key, orjson.dumps({"first_node": node}))], failure=[]
@@ -151,7 +150,7 @@ class Cluster(Connection):
     def regions(self) -> list[int]:
         """The region numbers this cluster's nodes have used."""
         out = set()
-        for _, meta in self.client.get_prefix(self.prefix + "regions/", keys_only=True):
+        for _, meta in self.client.get_prefix(self.keys.regions(), keys_only=True):
             try:
                 out.add(int(meta.key.decode().rsplit("/", 1)[1]))
             except ValueError:
@@ -168,7 +167,7 @@ class Cluster(Connection):
 
     def known(self) -> bool:
         """Whether the cluster's layout record exists: every cluster a node ever claimed in has one."""
-        return self._get(self.prefix + "layout") is not None
+        return self._get(self.keys.layout()) is not None
 
     known = etcd_call(known)
 
@@ -186,7 +185,7 @@ class Cluster(Connection):
         for _ in range(5):
             _, (claims_kv, held) = client.transaction(
                 compare=[],
-                success=[tx.get(CLAIMS_KEY), tx.get(self.prefix + "workers/", _range_end(self.prefix + "workers/"))],
+                success=[tx.get(CLAIMS_KEY), tx.get(self.keys.claims(), _range_end(self.keys.claims()))],
                 failure=[],
             )
             if held:
@@ -223,8 +222,8 @@ class Cluster(Connection):
         client = self.client
         layout = self.config.layout
         entries: dict[tuple[int, int], dict] = {}
-        for value, meta in client.get_prefix(self.prefix + "marks/"):
-            where = place(meta.key, self.prefix + "marks/")
+        for value, meta in client.get_prefix(self.keys.marks()):
+            where = place(meta.key, self.keys.marks())
             if where is None:
                 continue
             region, worker = where
@@ -239,8 +238,8 @@ class Cluster(Connection):
             except (KeyError, TypeError, ValueError, AttributeError):  # orjson's errors are ValueErrors
                 entry = {"state": "unreadable", "mark_ms": None}
             entries[where] = {"region": region, "worker_id": worker, **entry}
-        for value, meta in client.get_prefix(self.prefix + "workers/"):
-            where = place(meta.key, self.prefix + "workers/")
+        for value, meta in client.get_prefix(self.keys.claims()):
+            where = place(meta.key, self.keys.claims())
             if where is None:
                 continue
             region, worker = where

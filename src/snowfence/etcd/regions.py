@@ -38,8 +38,8 @@ import orjson
 
 from ..errors import LayoutMismatch
 from ..ids import Layout
+from .keys import REGION_CLAIMS
 
-KEY = "/snowfence/region-claims"
 VERSION = 1
 WIDTHS = ("shard_bits", "time_bits", "region_bits", "worker_bits", "sequence_bits")
 
@@ -153,8 +153,8 @@ def parse(value: bytes | None) -> RegionClaims:
             raise ValueError("regions are claimed without widths")
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise LayoutMismatch(
-            f"the region claims {KEY} are unreadable ({exc}): which cluster mints in which region is unknown, "
-            "so no worker ID is claimed; put a good copy back, or delete the key to let every cluster's nodes "
-            "claim their regions again"
+            f"the region claims {REGION_CLAIMS} are unreadable ({exc}): which cluster mints in which region is "
+            "unknown, so no worker ID is claimed; put a good copy back, or delete the key to let every cluster's "
+            "nodes claim their regions again"
         ) from None
     return RegionClaims(dict(raw_widths) if raw_widths is not None else None, regions)

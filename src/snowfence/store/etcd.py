@@ -49,6 +49,7 @@ from ..errors import (
 )
 from ..etcd import keys, regions
 from ..etcd.client import Connection, etcd_call
+from ..etcd.keys import REGION_CLAIMS
 from ..ids import Layout
 from ..logs import event
 from . import watermark
@@ -123,7 +124,7 @@ class EtcdLease(Lease):
         success = [] if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]
         ok, responses = self._store.client.transaction(
             compare=self._guard(),
-            success=[*success, tx.get(regions.KEY)],
+            success=[*success, tx.get(REGION_CLAIMS)],
             failure=[tx.get(self.claim_key), tx.get(self.mark_key)],
         )
         if not ok:
@@ -150,7 +151,7 @@ class EtcdLease(Lease):
             who = "nobody" if claim is None else f"cluster {claim.cluster!r}"
             raise store.exclusivity_lost(
                 self,
-                f"region {self.region} is claimed by {who} in {regions.KEY}, not by cluster {store.config.cluster!r}",
+                f"region {self.region} is claimed by {who} in {REGION_CLAIMS}, not by cluster {store.config.cluster!r}",
             )
 
     def _lost(self, responses) -> None:
@@ -248,8 +249,9 @@ class EtcdStore(Store):
         #: The etcd cluster, as this process talks to it (every call goes through ``etcd_call``).
         self.connection = Connection(config, build_client)
         self.config = config
-        #: Every key of the cluster is under it (see :mod:`snowfence.etcd.keys`).
-        self.prefix = self.connection.prefix
+        #: The cluster's keys (see :mod:`snowfence.etcd.keys`), every one under ``prefix``.
+        self.keys = self.connection.keys
+        self.prefix = self.keys.prefix
         #: The wall clock a genesis is stamped with and a quarantine counted from (the minter's).
         self._wall_ns = wall_ns
         #: The node's witness of this store (workers pass theirs; accept-restore reads without one).
@@ -288,18 +290,18 @@ class EtcdStore(Store):
     # -- keys ----------------------------------------------------------------------------
 
     def claim_key(self, worker_id: int) -> str:
-        return f"{self.prefix}workers/{self.region}/{worker_id}"
+        return self.keys.claim(self.region, worker_id)
 
     def mark_key(self, worker_id: int) -> str:
-        return f"{self.prefix}marks/{self.region}/{worker_id}"
+        return self.keys.mark(self.region, worker_id)
 
     def used_key(self, worker_id: int) -> str:
-        return f"{self.prefix}used/{self.region}/{worker_id}"
+        return self.keys.used(self.region, worker_id)
 
     # -- Store ---------------------------------------------------------------------------
 
     def layout_key(self) -> str:
-        return self.prefix + "layout"
+        return self.keys.layout()
 
     def _parse_genesis(self, value: bytes) -> Genesis:
         try:
@@ -340,7 +342,7 @@ class EtcdStore(Store):
         key = self.layout_key()
         # In one transaction: whether a claim or a mark exists is known as of the same
         # revision as the layout record's absence (another node may record it meanwhile).
-        marks, claims, used = self.prefix + "marks/", self.prefix + "workers/", self.prefix + "used/"
+        marks, claims, used = self.keys.marks(), self.keys.claims(), self.keys.uses()
         known = self._known()  # what every read below is compared with (see journal.py)
         _, (layout_kv, mark_kvs, claim_kvs, used_kvs) = client.transaction(
             compare=[],
@@ -386,8 +388,8 @@ class EtcdStore(Store):
                     self.region, self.config.cluster, layout, window_ms=self.window_ms, now_unix_ms=now_unix_ms
                 )
                 ok, responses = client.transaction(
-                    compare=[tx.create(key) == 0, tx.mod(regions.KEY) == self._claims_revs[1]],
-                    success=[tx.put(key, orjson.dumps(genesis.to_dict())), tx.put(regions.KEY, claimed.to_bytes())],
+                    compare=[tx.create(key) == 0, tx.mod(REGION_CLAIMS) == self._claims_revs[1]],
+                    success=[tx.put(key, orjson.dumps(genesis.to_dict())), tx.put(REGION_CLAIMS, claimed.to_bytes())],
                     failure=[tx.get(key)],
                 )
                 if ok:
@@ -434,7 +436,7 @@ class EtcdStore(Store):
         return claims
 
     def _read_claims(self) -> regions.RegionClaims:
-        return self._take_claims(*self._get(regions.KEY))
+        return self._take_claims(*self._get(REGION_CLAIMS))
 
     def _claim_region(self) -> None:
         """Claim this node's region for its cluster (or raise the claim's window to ours):
@@ -453,8 +455,8 @@ class EtcdStore(Store):
             if wanted == claims:
                 return
             ok, responses = client.transaction(
-                compare=[tx.mod(regions.KEY) == self._claims_revs[1]],
-                success=[tx.put(regions.KEY, wanted.to_bytes()), tx.get(regions.KEY)],
+                compare=[tx.mod(REGION_CLAIMS) == self._claims_revs[1]],
+                success=[tx.put(REGION_CLAIMS, wanted.to_bytes()), tx.get(REGION_CLAIMS)],
                 failure=[],
             )
             if ok:
@@ -463,12 +465,12 @@ class EtcdStore(Store):
                         log,
                         "region_claimed",
                         f"claimed region {self.region} of this etcd for cluster {self.config.cluster} "
-                        f"(in {regions.KEY}): no other cluster of this etcd can start in it",
+                        f"(in {REGION_CLAIMS}): no other cluster of this etcd can start in it",
                         region=self.region,
                     )
                 self._take_claims(*responses[1][0])
                 return
-        raise EtcdUnavailable(f"the region claims {regions.KEY} kept changing under this node")
+        raise EtcdUnavailable(f"the region claims {REGION_CLAIMS} kept changing under this node")
 
     def _get(self, key: str) -> tuple[bytes | None, object]:
         tx = self.client.transactions
@@ -510,8 +512,8 @@ class EtcdStore(Store):
             genesis = before = self._parse_genesis(value)
             if not genesis.upgraded:
                 used: dict[int, set[int]] = {}
-                for _, mark_meta in client.get_prefix(self.prefix + "marks/", keys_only=True):
-                    place = keys.place(mark_meta.key, self.prefix + "marks/")
+                for _, mark_meta in client.get_prefix(self.keys.marks(), keys_only=True):
+                    place = keys.place(mark_meta.key, self.keys.marks())
                     if place is not None:
                         used.setdefault(place[0], set()).add(place[1])
                 genesis = legacy_genesis(genesis.layout, self._wall_ns() // 1_000_000, used)
@@ -562,7 +564,7 @@ class EtcdStore(Store):
         client = self.client
         tx = client.transactions
         key = self.layout_key()
-        marks_prefix = self.prefix + "marks/"
+        marks_prefix = self.keys.marks()
         now_unix_ms = self._wall_ns() // 1_000_000
         for _ in range(5):
             _, (layout_kv, mark_kvs) = client.transaction(
@@ -658,8 +660,7 @@ class EtcdStore(Store):
         follow; returns the worker IDs claimed now."""
         client = self.client
         tx = client.transactions
-        claims, marks = f"{self.prefix}workers/{self.region}/", f"{self.prefix}marks/{self.region}/"
-        used = f"{self.prefix}used/{self.region}/"
+        claims, marks, used = self.keys.claims(self.region), self.keys.marks(self.region), self.keys.uses(self.region)
         known = self._known()
         _, (genesis_kv, claim_kvs, mark_kvs, claims_kv, used_kvs) = client.transaction(
             compare=[],
@@ -667,7 +668,7 @@ class EtcdStore(Store):
                 tx.get(self.layout_key()),
                 tx.get(claims, keys.range_end(claims)),
                 tx.get(marks, keys.range_end(marks)),
-                tx.get(regions.KEY),
+                tx.get(REGION_CLAIMS),
                 tx.get(used, keys.range_end(used)),
             ],
             failure=[],
@@ -696,12 +697,12 @@ class EtcdStore(Store):
             self._adopt(genesis, meta, known)
         self._used = set()
         for _, used_meta in used_kvs:
-            place = keys.place(used_meta.key, self.prefix + "used/")
+            place = keys.place(used_meta.key, self.keys.uses())
             if place is not None and place[0] == self.region:
                 self._used.add(place[1])
         self._marks = {}
         for value, mark_meta in mark_kvs:
-            place = keys.place(mark_meta.key, self.prefix + "marks/")
+            place = keys.place(mark_meta.key, self.keys.marks())
             if place is None or place[0] != self.region:
                 continue
             self._marks[place[1]] = (value, mark_meta.mod_revision, mark_meta.version)
@@ -715,7 +716,7 @@ class EtcdStore(Store):
             self.journal.save_if_changed()
         taken = set()
         for _, claim_meta in claim_kvs:
-            place = keys.place(claim_meta.key, self.prefix + "workers/")
+            place = keys.place(claim_meta.key, self.keys.claims())
             if place is not None and place[0] == self.region:
                 taken.add(place[1])
         return taken
@@ -727,8 +728,8 @@ class EtcdStore(Store):
 
     def unheld(self, up_to: int | None = None) -> int:
         held = set()
-        for _, meta in self.client.get_prefix(f"{self.prefix}workers/{self.region}/", keys_only=True):
-            place = keys.place(meta.key, self.prefix + "workers/")
+        for _, meta in self.client.get_prefix(self.keys.claims(self.region), keys_only=True):
+            place = keys.place(meta.key, self.keys.claims())
             if place is not None and place[0] == self.region and 0 <= place[1] <= self.layout.max_worker:
                 held.add(place[1])
         return self.layout.max_worker + 1 - len(held.union(self.passed_over))
@@ -857,7 +858,7 @@ class EtcdStore(Store):
             tx.mod(mark_key) == mark_rev,
             tx.create(genesis_key) == self._genesis_revs[0],
             # The region's claim read in this pass still stands (not deleted and made anew).
-            tx.create(regions.KEY) == self._claims_revs[0],
+            tx.create(REGION_CLAIMS) == self._claims_revs[0],
         ]
         success = [tx.put(claim_key, orjson.dumps({"holder": holder}), lease_id), tx.put(mark_key, mark_value)]
         if first_use:
@@ -898,7 +899,7 @@ class EtcdStore(Store):
     # -- the watermark (see watermark.py) ------------------------------------------------
 
     def watermark_key(self) -> str:
-        return self.prefix + "watermark"
+        return self.keys.watermark()
 
     def _watermark_floor(self, record_kv) -> int:
         """The millisecond a claim that read ``record_kv`` must not mint below: the record's,
@@ -927,12 +928,12 @@ class EtcdStore(Store):
         cannot be read has no floor (nothing is known of it)."""
         claims = {}
         for _, meta in claim_kvs:
-            place = keys.place(meta.key, self.prefix + "workers/")
+            place = keys.place(meta.key, self.keys.claims())
             if place is not None:
                 claims[place] = meta.create_revision
         floors = []
         for value, meta in mark_kvs:
-            place = keys.place(meta.key, self.prefix + "marks/")
+            place = keys.place(meta.key, self.keys.marks())
             if place is None:
                 continue
             claimed = claims.get(place)
@@ -970,7 +971,7 @@ class EtcdStore(Store):
         client = self.client
         tx = client.transactions
         key = self.watermark_key()
-        marks, claims = self.prefix + "marks/", self.prefix + "workers/"
+        marks, claims = self.keys.marks(), self.keys.claims()
         reads = [tx.get(marks, keys.range_end(marks)), tx.get(claims, keys.range_end(claims))]
         _, (genesis_kv, mark_kvs, claim_kvs) = client.transaction(
             compare=[], success=[tx.get(self.layout_key()), *reads], failure=[]

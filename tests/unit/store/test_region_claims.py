@@ -7,20 +7,20 @@ import pytest
 from etcdrig import NOW_MS, claim
 
 from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost
-from snowfence.etcd import regions
+from snowfence.etcd import keys, regions
 from snowfence.ids import Layout
 
 
 def claims(etcd) -> dict | None:
     etcd.server.expire()
-    kv = etcd.server.kv.get(regions.KEY)
+    kv = etcd.server.kv.get(keys.REGION_CLAIMS)
     return None if kv is None else orjson.loads(kv.value)
 
 
 def put_claims(etcd, value: bytes) -> None:
     from pyetcd.client import Transactions
 
-    etcd.server.txn([], [Transactions().put(regions.KEY, value)], [])
+    etcd.server.txn([], [Transactions().put(keys.REGION_CLAIMS, value)], [])
 
 
 def test_a_new_clusters_genesis_and_its_region_claim_are_written_together(etcd):
@@ -31,7 +31,7 @@ def test_a_new_clusters_genesis_and_its_region_claim_are_written_together(etcd):
     assert doc["regions"]["2"]["window_ms"] == 5_000
     assert doc["widths"] == regions.widths(store.layout)
     genesis = etcd.server.kv["/snowfence/blue/layout"]
-    assert genesis.mod_revision == etcd.server.kv[regions.KEY].mod_revision  # one transaction
+    assert genesis.mod_revision == etcd.server.kv[keys.REGION_CLAIMS].mod_revision  # one transaction
 
 
 def test_a_second_cluster_in_a_claimed_region_is_refused_by_name_and_writes_nothing(etcd):
@@ -76,7 +76,7 @@ def test_a_claim_pass_refuses_a_region_given_to_another_cluster_since(etcd):
 def test_a_region_claim_deleted_by_hand_is_claimed_again_at_the_next_claim(etcd):
     store = etcd.store()
     store.check_layout(store.layout)
-    assert etcd.server.delete_key(regions.KEY)
+    assert etcd.server.delete_key(keys.REGION_CLAIMS)
     assert claim(store) is not None
     assert claims(etcd)["regions"]["1"]["cluster"] == "unit"
 
@@ -88,7 +88,7 @@ def test_a_holder_whose_region_is_no_longer_its_clusters_fences_at_its_next_rene
     lease = claim(store)
     lease.extend(NOW_MS + 100)
     if change == "deleted":
-        assert etcd.server.delete_key(regions.KEY)
+        assert etcd.server.delete_key(keys.REGION_CLAIMS)
     elif change == "another cluster":
         doc = claims(etcd)
         doc["regions"]["1"]["cluster"] = "intruder"
@@ -103,11 +103,11 @@ def test_a_holder_whose_region_is_no_longer_its_clusters_fences_at_its_next_rene
 
 def test_unreadable_region_claims_refuse_a_start_and_are_left_as_they_were(etcd):
     put_claims(etcd, b'{"version": 1, "widths": null, "regions": {"x": 1}}')
-    before = etcd.server.kv[regions.KEY].mod_revision
+    before = etcd.server.kv[keys.REGION_CLAIMS].mod_revision
     store = etcd.store()
     with pytest.raises(LayoutMismatch, match="region claims /snowfence/region-claims are unreadable"):
         store.check_layout(store.layout)
-    assert etcd.server.kv[regions.KEY].mod_revision == before
+    assert etcd.server.kv[keys.REGION_CLAIMS].mod_revision == before
 
 
 def test_a_store_that_looks_new_waits_out_the_longest_window_its_regions_claim_recorded(etcd):
@@ -161,11 +161,9 @@ def test_region_claims_read_back_as_written():
 
 
 def test_the_claims_key_is_under_no_clusters_prefix():
-    from snowfence.etcd import keys
-
     for cluster in ("region-claims", "snowfence", "a"):
-        assert not regions.KEY.startswith(keys.prefix(cluster))
-        assert not (keys.prefix(cluster) <= regions.KEY < keys.range_end(keys.prefix(cluster)))
+        assert not keys.REGION_CLAIMS.startswith(keys.prefix(cluster))
+        assert not (keys.prefix(cluster) <= keys.REGION_CLAIMS < keys.range_end(keys.prefix(cluster)))
 
 
 def test_accept_restore_counts_the_region_claims_window(etcd):
@@ -187,8 +185,8 @@ def test_a_claim_is_guarded_on_the_region_claim_it_read(etcd, monkeypatch):
     floor = store._floor
 
     def meanwhile(worker_id, now_ms):
-        if etcd.server.kv.get(regions.KEY) is not None and claims(etcd)["regions"]["1"]["cluster"] == "unit":
-            etcd.server.delete_key(regions.KEY)
+        if etcd.server.kv.get(keys.REGION_CLAIMS) is not None and claims(etcd)["regions"]["1"]["cluster"] == "unit":
+            etcd.server.delete_key(keys.REGION_CLAIMS)
             other = regions.RegionClaims().claimed(1, "intruder", store.layout, window_ms=5000, now_unix_ms=1)
             put_claims(etcd, other.to_bytes())
         return floor(worker_id, now_ms)
