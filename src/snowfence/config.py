@@ -723,7 +723,7 @@ def env_name(name: str) -> str:
 
 
 #: The ``SNOWFENCE_*`` variables read besides the settings' own: the config file, the client
-#: commands' endpoint and keys (cli.py), the workers' fault hooks (workers/main.py).
+#: commands' endpoint and keys (cli/), the workers' fault hooks (workers/main.py).
 OTHER_ENV = ("CONFIG", "CONNECT", "SERVER_KEY", "CLIENT_KEY", "FAULT_HOOKS")
 
 

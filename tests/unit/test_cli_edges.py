@@ -64,7 +64,7 @@ def test_endpoints_without_a_scheme_take_the_usual_one():
     class Args:
         connect = "127.0.0.1:6001, ipc:///run/x.sock"
 
-    assert cli._endpoints(Args) == ["tcp://127.0.0.1:6001", "ipc:///run/x.sock"]
+    assert cli.node.endpoints_of(Args) == ["tcp://127.0.0.1:6001", "ipc:///run/x.sock"]
     with Client("127.0.0.1:6001", discover=False) as c:
         assert c.endpoint == "tcp://127.0.0.1:6001"
     with pytest.raises(ValueError, match="not a ZeroMQ endpoint"):

@@ -88,7 +88,7 @@ def node_blocks(layout):
 def node(monkeypatch):
     def start(layout=DEFAULT_LAYOUT):
         blocks = node_blocks(layout)
-        monkeypatch.setattr(cli, "_client", lambda args: FakeClient(layout, blocks))
+        monkeypatch.setattr(cli.node, "open_client", lambda args: FakeClient(layout, blocks))
         return [i for b in blocks for i in b.range()]
 
     return start

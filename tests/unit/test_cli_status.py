@@ -3,7 +3,7 @@ fenced, each row's reason is about its own worker ID, the broker's own worker ID
 
 from __future__ import annotations
 
-from snowfence.cli import _fence_text, _own_rows, _port, _row_reason
+from snowfence.cli.status import _fence_text, _own_rows, _port, _row_reason
 
 
 def test_a_fenced_worker_id_says_how_long_ago_rather_than_a_negative_fence_in_s():

@@ -149,7 +149,7 @@ class FakeClient:
 
 
 def test_decode_and_id_at_take_the_layout_from_the_node_with_connect(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "_client", lambda args: FakeClient(SHARDED))
+    monkeypatch.setattr(cli.node, "open_client", lambda args: FakeClient(SHARDED))
     ms = _now_ms(SHARDED) - 5000
     wrong = _id(SHARDED, ms, region=0, worker=1, shard=(SHARDED.shard_of(0, 1) + 1) % 4)
     # The node's layout: shard bits, and the checks are on without --check.

@@ -247,7 +247,7 @@ def test_the_uuid_and_base32_dumps_reserve_writes_are_read_by_name_and_by_detect
 ):
     if engine == "plain":
         monkeypatch.setattr(verify, "_numpy", lambda: None)
-    from snowfence.cli import _uuid_writer, _write_base32
+    from snowfence.cli.reserve import _uuid_writer, _write_base32
     from snowfence.clients.core import Block
 
     monkeypatch.setattr(verify, "TEXT_CHUNK", 1000)  # words cut across reads
