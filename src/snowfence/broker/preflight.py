@@ -32,12 +32,11 @@ from __future__ import annotations
 import os
 import time
 
-import orjson
-
 from ..config import Config, missing_modules
 from ..errors import ConfigError, EtcdUnavailable, LayoutMismatch, StateDirError
 from ..ids import format_unix_ms
-from ..store import home
+from ..store import home, read_genesis
+from ..store.filesystems import KERNEL_FILESYSTEMS, filesystem_type
 from ..store.genesis import Genesis
 from . import auth
 from .membership import WILDCARD_HOSTS
@@ -99,39 +98,13 @@ def check_bind(config: Config) -> None:
 
 def recorded_layout(config: Config) -> Genesis | None:
     """The genesis record the store holds, read without writing anything; None if there is
-    none yet. One that cannot be read is refused by the store itself, in its own words."""
-    if config.embedded:
-        path = os.path.join(config.state_dir, "layout.json")
-        try:
-            with open(path, "rb") as f:
-                return Genesis.from_dict(orjson.loads(f.read()))
-        except FileNotFoundError:
-            return None
-        except (OSError, orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError):
-            _refuse_as_the_store_does(config)
-            raise
-    from ..etcd.client import Connection, etcd_call
-
-    connection = Connection(config)
+    none yet, or if etcd does not answer (or no client can be had here: the TLS files of the
+    pod, say): the workers check the layout when they reach etcd, and say why they cannot.
+    One that cannot be read is refused by the store, in its own words."""
     try:
-        value = etcd_call(_layout_record)(connection)  # a client library error becomes EtcdUnavailable
-    except (EtcdUnavailable, ConfigError):
-        # etcd not answering, or no client to be had here (TLS files of the pod, say): the
-        # workers check the layout when they reach etcd, and say why they cannot.
+        return read_genesis(config)
+    except EtcdUnavailable:
         return None
-    finally:
-        connection.close()
-    try:
-        return None if value is None else Genesis.from_dict(orjson.loads(value))
-    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError):
-        _refuse_as_the_store_does(config)
-        raise
-
-
-def _layout_record(connection) -> bytes | None:
-    """The etcd cluster's layout record (its genesis) as stored; None if there is none yet."""
-    value, _ = connection.client.get(connection.keys.layout())
-    return value
 
 
 def _refuse_as_the_store_does(config: Config) -> None:
@@ -219,44 +192,10 @@ def check_state_dir(path: str, *, create: bool = True, what: str = "state direct
     if not os.access(existing, os.W_OK | os.X_OK):
         raise StateDirError(f"{what} {path} is not usable: {where} is not writable")
     # Root passes os.access anywhere; serve's mkdir and probe file still fail on these.
-    kernel = KERNEL_FILESYSTEMS.get(_filesystem_type(existing))
+    kernel = KERNEL_FILESYSTEMS.get(filesystem_type(existing))
     if kernel or os.statvfs(existing).f_flag & os.ST_RDONLY:
         on = f"the kernel's {kernel} filesystem" if kernel else "a read-only filesystem"
         raise StateDirError(f"{what} {path} is not usable: {where} is on {on}, where nothing can be written")
-
-
-def _filesystem_type(path: str) -> int | None:
-    """statfs(2) f_type of the filesystem holding ``path``; None if it cannot be read. (The store has its
-    own, for the filesystems it refuses; the layers keep the broker from importing the embedded store.)"""
-    import ctypes
-
-    try:
-        statfs = ctypes.CDLL(None, use_errno=True).statfs
-    except (OSError, AttributeError):
-        return None
-    buf = ctypes.create_string_buffer(512)  # larger than struct statfs on any ABI
-    if statfs(os.fsencode(path), buf) != 0:
-        return None
-    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # f_type is the first field
-
-
-#: statfs(2) f_type of the kernel's own filesystems (linux/magic.h): no state can be kept there, by root either.
-KERNEL_FILESYSTEMS = {
-    0x9FA0: "proc",
-    0x62656572: "sysfs",
-    0x27E0EB: "cgroup",
-    0x63677270: "cgroup2",
-    0x64626720: "debugfs",
-    0x74726163: "tracefs",
-    0x73636673: "securityfs",
-    0xCAFE4A11: "bpf",
-    0x1CD1: "devpts",
-    0x6165676C: "pstore",
-    0x62656570: "configfs",
-    0xDE5E81E4: "efivarfs",
-    0x19800202: "mqueue",
-    0x42494E4D: "binfmt_misc",
-}
 
 
 def etcd_version_problem(version: str) -> str | None:

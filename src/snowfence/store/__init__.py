@@ -1,6 +1,7 @@
 """The storage layer: the lease store interface, genesis records, the journal, and the
 two stores (files under a state directory, and etcd). ``open_store`` builds the one a
-configuration names; everything that holds a worker ID opens its store there."""
+configuration names; everything that holds a worker ID opens its store there, and
+``read_genesis`` reads its genesis record without opening it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import Callable
 
 from ..config import Config
 from .base import Lease, Store
+from .genesis import Genesis
 
-__all__ = ["Lease", "Store", "journal_name", "open_store"]
+__all__ = ["Lease", "Store", "journal_name", "open_store", "read_genesis"]
 
 
 def journal_name(config: Config) -> str:
@@ -57,3 +59,17 @@ def open_store(
         journal=Journal(config.journal_path, journal_name(config), marks_store_wide=True) if journal else None,
         build_client=etcd_client,
     )
+
+
+def read_genesis(config: Config, *, etcd_client: Callable[[], object] | None = None) -> Genesis | None:
+    """The genesis record of the store the configuration names, read without writing
+    anything (no store is opened: no directory made, no journal, nothing claimed); None if
+    it has none yet. A record the store cannot read raises the store's own error (the one
+    its ``check_layout`` raises); etcd not answering raises EtcdUnavailable."""
+    if config.embedded:
+        from .files import read_genesis as read_file
+
+        return read_file(config.state_dir)
+    from .etcd import read_genesis as read_etcd
+
+    return read_etcd(config, etcd_client)

@@ -53,7 +53,6 @@ the one the journal saw was put back from an older copy: refused by name.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import errno
 import fcntl
@@ -82,7 +81,7 @@ from ..errors import (
 )
 from ..ids import Layout
 from ..logs import event
-from . import watermark
+from . import filesystems, watermark
 from .base import Lease, Store, exclusivity_lost
 from .durable import _fsync_dir, _tmp_name, _write_synced, write_atomic
 from .genesis import Genesis, legacy_genesis, restore_base
@@ -94,39 +93,32 @@ log = logging.getLogger("snowfence.embedded")
 #: How long a claim or an extension waits for another process's mark write.
 REGION_LOCK_WAIT_S = 0.5
 
-#: statfs(2) f_type of filesystems whose flock(2) is not known to be exclusive
-#: across processes and hosts (linux/magic.h).
-UNSAFE_FILESYSTEMS = {
-    0x6969: "NFS",
-    0x65735546: "FUSE",
-    0xFF534D42: "CIFS",
-    0xFE534D42: "SMB2",
-    0x517B: "SMB",
-    0x01021997: "9P",
-    0x00C36400: "Ceph",
-    0x5346414F: "AFS",
-    0x73757245: "Coda",
-    0x01161970: "GFS2",
-    0x7461636F: "OCFS2",
-    0x0BD00BD0: "Lustre",
-    0x47504653: "GPFS",
-}
-
 #: The fields of a mark of an older release (before genesis records), and of this one.
 _MARK_FIELDS = ("holder", "reserved_until_ms", "reserved_until_unix_ms", "token")
 _MARK_FIELDS_V2 = (*_MARK_FIELDS, "rev", "store", "layout")
 
 
-def filesystem_type(path: str | os.PathLike) -> int | None:
-    """statfs(2) f_type of the filesystem holding ``path``; None if it cannot be read."""
+def layout_path(state_dir: str | os.PathLike) -> Path:
+    """The genesis record of the store in ``state_dir``."""
+    return Path(state_dir) / "layout.json"
+
+
+def read_genesis(state_dir: str | os.PathLike) -> Genesis | None:
+    """The genesis record of the store in ``state_dir``, read without writing anything; None
+    if there is none. Raises StateDirError if it is unreadable."""
+    path = layout_path(state_dir)
     try:
-        statfs = ctypes.CDLL(None, use_errno=True).statfs
-    except (OSError, AttributeError):
+        return Genesis.from_dict(orjson.loads(path.read_bytes()))
+    except FileNotFoundError:
         return None
-    buf = ctypes.create_string_buffer(512)  # larger than struct statfs on any ABI
-    if statfs(os.fsencode(path), buf) != 0:
-        return None
-    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # f_type is the first field
+    except OSError as exc:
+        raise StateDirError(f"{path} is unreadable: {exc.strerror or exc}") from None
+    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError) as exc:
+        raise StateDirError(
+            f"{path} is unreadable: {exc}; restore it from a backup, or move it out of the state directory "
+            "and run `snowfence accept-restore --reason TEXT` with this node's settings, which records the "
+            "layout anew and has claims wait out a quarantine"
+        ) from None
 
 
 def _mark_layout(path: Path) -> str | None:
@@ -432,8 +424,8 @@ class FileStore(Store):
         self.journal = journal if journal is not None else Journal(self.root / "journal", "embedded")
 
     def _check_filesystem(self, allowed: bool) -> None:
-        fstype = filesystem_type(self.dir)
-        name = UNSAFE_FILESYSTEMS.get(fstype) if fstype is not None else None
+        fstype = filesystems.filesystem_type(self.dir)
+        name = filesystems.UNSAFE_FILESYSTEMS.get(fstype) if fstype is not None else None
         if name is None:
             return
         what = (
@@ -450,23 +442,11 @@ class FileStore(Store):
     # -- the layout and the genesis ------------------------------------------------------
 
     def _layout_path(self) -> Path:
-        return self.root / "layout.json"
+        return layout_path(self.root)
 
     def read_genesis(self) -> Genesis | None:
         """The genesis record in layout.json; None if there is none. Raises StateDirError if unreadable."""
-        path = self._layout_path()
-        try:
-            return Genesis.from_dict(orjson.loads(path.read_bytes()))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise StateDirError(f"{path} is unreadable: {exc.strerror or exc}") from None
-        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError, ConfigError) as exc:
-            raise StateDirError(
-                f"{path} is unreadable: {exc}; restore it from a backup, or move it out of the state directory "
-                "and run `snowfence accept-restore --reason TEXT` with this node's settings, which records the "
-                "layout anew and has claims wait out a quarantine"
-            ) from None
+        return read_genesis(self.root)
 
     def _write_genesis(self, genesis: Genesis) -> None:
         try:

@@ -21,6 +21,7 @@ import pytest
 from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.store import files as embedded
+from snowfence.store import filesystems
 from snowfence.store.files import FileStore
 from snowfence.store.preference import PreferenceFile, embedded_namespace, node_key
 
@@ -96,8 +97,8 @@ def test_filesystem_type_is_the_real_statfs_magic_number(tmp_path):
         expected = int(
             subprocess.run([stat_f, "-f", "-c", "%t", str(path)], capture_output=True, text=True, check=True).stdout, 16
         )
-        assert embedded.filesystem_type(path) == expected, path
-    assert embedded.filesystem_type(tmp_path / "missing") is None
+        assert filesystems.filesystem_type(path) == expected, path
+    assert filesystems.filesystem_type(tmp_path / "missing") is None
 
 
 def test_lock_mark_and_layout_files_are_readable_by_all_and_writable_by_the_owner(tmp_path):
@@ -276,7 +277,7 @@ def test_a_state_dir_under_a_file_is_not_usable_and_says_why(tmp_path):
 
 
 def test_an_unsafe_filesystem_is_refused_with_the_ways_out_or_allowed_with_a_warning(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(embedded, "filesystem_type", lambda path: 0x65735546)
+    monkeypatch.setattr(filesystems, "filesystem_type", lambda path: 0x65735546)
     what = (
         f"state directory {tmp_path} is on FUSE (statfs type 0x65735546), where file locks are not known to be "
         "exclusive across processes and hosts, so two nodes could mint as one worker ID"

@@ -22,6 +22,7 @@ from fakeclock import FakeClock
 from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.store import files as embedded
+from snowfence.store import filesystems
 from snowfence.store.files import FileStore, mark_checksum
 from snowfence.store.genesis import Genesis
 from snowfence.store.journal import Journal
@@ -441,14 +442,14 @@ def test_an_unreadable_layout_file_is_a_state_dir_error(tmp_path):
 
 
 def test_a_state_dir_on_a_filesystem_without_exclusive_flock_is_refused_unless_allowed(tmp_path, monkeypatch):
-    assert isinstance(embedded.filesystem_type(tmp_path), int)  # the real statfs answers
-    monkeypatch.setattr(embedded, "filesystem_type", lambda path: 0x6969)
+    assert isinstance(filesystems.filesystem_type(tmp_path), int)  # the real statfs answers
+    monkeypatch.setattr(filesystems, "filesystem_type", lambda path: 0x6969)
     with pytest.raises(ConfigError) as info:
         FileStore(tmp_path, DEFAULT_LAYOUT, 0)
     assert not isinstance(info.value, StateDirError)  # a configuration error: exit 78, not 73
     assert "NFS" in str(info.value) and "--allow-unsafe-filesystem" in str(info.value)
     FileStore(tmp_path, DEFAULT_LAYOUT, 0, allow_unsafe_filesystem=True)
-    monkeypatch.setattr(embedded, "filesystem_type", lambda path: 0xEF53)  # ext4
+    monkeypatch.setattr(filesystems, "filesystem_type", lambda path: 0xEF53)  # ext4
     FileStore(tmp_path, DEFAULT_LAYOUT, 0)
 
 
