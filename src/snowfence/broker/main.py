@@ -1,9 +1,11 @@
 """The broker process: its sockets, its threads and its one loop.
 
 :class:`Node` owns everything with a file descriptor: the ZeroMQ context, the
-run directory, the router's two sockets, the CURVE server half, the health
-server, the peer-clock sockets and the signal wake-up socket pair. Its loop
-polls them, hands what arrived to the router (or the peers), and every
+run directory, the doors (``broker/doors/``: the ZeroMQ front's two sockets, the
+fast port, the HTTP door), the CURVE server half, the health server, the
+peer-clock sockets and the signal wake-up socket pair. It builds the routing core
+and the doors around it; its loop polls them, hands what arrived to the doors
+(or the peers), and every
 ``HOUSEKEEPING_NS`` gives the timers their turn: the supervisor's
 :meth:`~snowfence.broker.supervisor.Supervisor.tick` (with when the routing core
 last heard from each worker), the routing core's heartbeats, the peers' clock
@@ -21,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import orjson
@@ -34,11 +37,16 @@ from ..logs import event, set_process_title
 from ..store import home
 from . import preflight, rundir
 from .auth import CurveServer
+from .doors.addresses import Doors
+from .doors.fast import FastPort, fast_address
+from .doors.http import HttpDoor, http_address
+from .doors.tcp import TcpDoor
 from .doors.zmq import ZmqFront
 from .membership import Membership, advertised_endpoints, base_entry, node_name
 from .metrics import HealthServer, Metrics
 from .notify import Notifier
 from .peers import ALONE, PENDING, VOUCHED, PeerClocks, Verdict
+from .routing import Routing
 from .supervisor import SIGNALS, Supervisor
 
 if TYPE_CHECKING:
@@ -60,8 +68,11 @@ _POLLIN = int(zmq.POLLIN)
 
 
 class Readiness:
-    """The loop's descriptors in one epoll set: plain sockets (the fast port's, the
-    wake-up pair) by their own descriptors, ZeroMQ sockets by their ``ZMQ_FD``.
+    """The loop's descriptors in one epoll set: plain sockets (the fast port's and the
+    HTTP door's, the wake-up pair) by their own descriptors, ZeroMQ sockets by their
+    ``ZMQ_FD``. It is the doors' watcher (``doors/tcp.py``, ``Watcher``): each plain
+    descriptor a door watches names the door as its owner, whose ``on_event`` gets
+    its events.
 
     A ZeroMQ socket's descriptor only says "read ZMQ_EVENTS": it is edge-triggered,
     and a send or receive on the socket may use up its edge. So the loop reads the
@@ -75,6 +86,8 @@ class Readiness:
         self._epoll = select.epoll()
         #: The ZeroMQ sockets by their descriptors.
         self.zmq_fds: dict[int, zmq.Socket] = {}
+        #: The plain descriptors' owners: what their events are handed to.
+        self.owners: dict[int, TcpDoor] = {}
 
     def add_zmq(self, sock: zmq.Socket) -> None:
         fd = sock.getsockopt(zmq.FD)
@@ -87,23 +100,19 @@ class Readiness:
                 del self.zmq_fds[fd]
                 self.unwatch(fd)
 
-    def watch(self, fd: int, writable: bool) -> None:
-        """Watch a plain descriptor for reading, and for writing too if ``writable``."""
-        mask = select.EPOLLIN | select.EPOLLOUT if writable else select.EPOLLIN
+    def watch(self, fd: int, mask: int, owner: TcpDoor | None = None) -> None:
+        """Watch a plain descriptor for exactly ``mask`` (0: only hang-ups and errors);
+        its events go to ``owner.on_event``, if it has one."""
         try:
             self._epoll.modify(fd, mask)
         except FileNotFoundError:
             self._epoll.register(fd, mask)
-
-    def watch_events(self, fd: int, mask: int) -> None:
-        """Watch a plain descriptor for exactly ``mask`` (0: only hang-ups and errors)."""
-        try:
-            self._epoll.modify(fd, mask)
-        except FileNotFoundError:
-            self._epoll.register(fd, mask)
+        if owner is not None:
+            self.owners[fd] = owner
 
     def unwatch(self, fd: int) -> None:
         self._epoll.unregister(fd)
+        self.owners.pop(fd, None)
 
     def poll(self, timeout_s: float) -> list[tuple[int, int]]:
         return self._epoll.poll(timeout_s)
@@ -132,7 +141,7 @@ def spawn_worker(config: Config, slot: int, backend: str, node: str = "") -> sub
 
 
 class Node:
-    """One broker process: the router, the supervisor and what they talk through."""
+    """One broker process: the doors, the routing core, the supervisor and what they talk through."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -140,7 +149,12 @@ class Node:
         #: Said "serving": from then on a stop leaves the state directory in place.
         self.announced = False
         self.metrics = Metrics(config)
-        self.router: ZmqFront | None = None
+        #: The routing core (``broker/routing.py``), and the doors it is fed by and answers
+        #: through: the ZeroMQ front, and the fast port and the HTTP door if the node has them.
+        self.routing: Routing | None = None
+        self.front: ZmqFront | None = None
+        self.fast: FastPort | None = None
+        self.http: HttpDoor | None = None
         self.curve: CurveServer | None = None
         self.health: HealthServer | None = None
         self.peers: PeerClocks | None = None
@@ -167,18 +181,18 @@ class Node:
         return f"ipc://{self.rundir}/backend"
 
     def _spawn(self, slot: int) -> subprocess.Popen:
-        return spawn_worker(self.config, slot, self.backend, self.router.endpoint() if self.router else "")
+        return spawn_worker(self.config, slot, self.backend, self.front.endpoint() if self.front else "")
 
     def _on_stop(self) -> None:
         if self.notifier is not None:
             self.notifier.notify(STOPPING="1", STATUS=f"stopping: {self.supervisor.stop_reason}")
-        if self.router is not None:
-            self.router.core.stop_accepting()
-            self.router.core.broadcast(protocol.STOP_FRAME)
+        if self.routing is not None:
+            self.routing.stop_accepting()
+            self.routing.broadcast(protocol.STOP_FRAME)
 
     def _on_exit(self, pid: int) -> None:
-        if self.router is not None:
-            self.router.core.forget_pid(pid, "process exited")
+        if self.routing is not None:
+            self.routing.forget_pid(pid, "process exited")
 
     def run(self) -> int:
         """Serve until stopped; a start that fails before it says it serves leaves nothing behind:
@@ -223,21 +237,10 @@ class Node:
         wake_w.setblocking(False)
         try:
             self.curve = CurveServer(ctx, self.config, self.metrics.curve_denials)
-            try:
-                self.router = ZmqFront(
-                    ctx,
-                    self.config,
-                    self.backend,
-                    self.describe,
-                    sup.live_pids,
-                    self.metrics,
-                    curve=self.curve,
-                )
-            except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
-                raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
-            self.curve.watch(self.router.frontend)
-            set_process_title(f"snowfence: broker {self.router.endpoint()}", "snowfence")
-            self.metrics.fast = self.router.fast
+            self.open_doors(ctx)
+            self.curve.watch(self.front.frontend)
+            set_process_title(f"snowfence: broker {self.front.endpoint()}", "snowfence")
+            self.metrics.fast = self.fast
             if self.config.metrics_bind:
                 try:
                     self.health = HealthServer(self.config.metrics_bind, self.metrics)
@@ -250,10 +253,10 @@ class Node:
                     f"metrics and health on http://{self.health.address}/metrics",
                     address=self.health.address,
                 )
-            endpoints = advertised_endpoints(self.config, self.router.endpoint())
+            endpoints = advertised_endpoints(self.config, self.front.endpoint())
             name = node_name(self.config, endpoints)
             self.entry = base_entry(self.config, name, endpoints, self.health.address if self.health else None)
-            self.router.core.describe_nodes = self.nodes
+            self.routing.describe_nodes = self.nodes
             signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
             for sig in handled:
                 signal.signal(sig, sup.enqueue)
@@ -278,9 +281,9 @@ class Node:
             event(
                 log,
                 "serving",
-                f"snowfence serving on {self.router.endpoint()} ({mode}, region "
+                f"snowfence serving on {self.front.endpoint()} ({mode}, region "
                 f"{self.config.region}, {n} worker{'' if n == 1 else 's'})",
-                bind=self.router.endpoint(),
+                bind=self.front.endpoint(),
                 workers=n,
                 mode="embedded" if self.config.embedded else "etcd",
             )
@@ -292,7 +295,7 @@ class Node:
                 self.membership.start()
             # Bound and supervising: alive, whether or not a worker ID can be had yet
             # (a standby node, or one waiting out a mark, must not be killed for it).
-            self.notifier.notify(READY="1", STATUS=f"serving on {self.router.endpoint()} ({mode})")
+            self.notifier.notify(READY="1", STATUS=f"serving on {self.front.endpoint()} ({mode})")
             self.loop(wake_r)
         finally:
             signal.set_wakeup_fd(-1)
@@ -311,8 +314,9 @@ class Node:
                 self.peers.close()
             if self.curve is not None:
                 self.curve.close()
-            if self.router is not None:
-                self.router.close()
+            for door in (self.fast, self.http, self.front):
+                if door is not None:
+                    door.close()
             # Closed sockets keep their own linger; one still open here (a failed
             # start) must not keep the context, and the process, waiting forever.
             ctx.destroy(linger=0)
@@ -323,32 +327,35 @@ class Node:
         event(log, "stopped", f"snowfence stopped (exit status {sup.exit_code})", exit_status=sup.exit_code)
         return sup.exit_code
 
+    def open_doors(self, ctx: zmq.Context) -> None:
+        """The routing core and the doors around it (:func:`open_doors`)."""
+        try:
+            self.routing, self.front, self.fast, self.http = open_doors(
+                ctx,
+                self.config,
+                self.backend,
+                curve=self.curve,
+                describe_broker=self.describe,
+                live_pids=self.supervisor.live_pids,
+                metrics=self.metrics,
+            )
+        except zmq.ZMQError as exc:  # the backend's ipc:// endpoint in the run directory
+            raise ConfigError(f"cannot bind the worker endpoint: {zmq.strerror(exc.errno)}") from None
+
     def loop(self, wake: socket.socket) -> None:
-        router, sup, peers = self.router, self.supervisor, self.peers
+        front, sup, peers = self.front, self.supervisor, self.peers
         ready = Readiness()
-        backend, frontend, wake_fd = router.backend, router.frontend, wake.fileno()
+        backend, frontend, wake_fd = front.backend, front.frontend, wake.fileno()
         ready.add_zmq(backend)
         ready.add_zmq(frontend)
         if peers is not None:
             for sock in peers.sockets:
                 ready.add_zmq(sock)
-        ready.watch(wake_fd, False)
-        fast = router.fast
-        fast_fds: dict = {}
-        if fast is not None:
-            fast_fds = fast.by_fd
-            fast.watch, fast.unwatch = ready.watch, ready.unwatch
-            ready.watch(fast.listen_fd, False)
-        listen_fd = fast.listen_fd if fast is not None else None
-        http = router.http
-        http_fds: dict = {}
-        if http is not None:
-            http_fds = http.by_fd
-            http.watch, http.unwatch = ready.watch_events, ready.unwatch
-            ready.watch(http.listen_fd, False)
-        http_listen_fd = http.listen_fd if http is not None else None
-        zmq_fds = ready.zmq_fds
-        epollout = select.EPOLLOUT
+        ready.watch(wake_fd, select.EPOLLIN)
+        tcp_doors = [door for door in (self.fast, self.http) if door is not None]
+        for door in tcp_doors:
+            door.attach(ready)
+        owners, zmq_fds = ready.owners, ready.zmq_fds
         next_housekeeping_ns = 0
         # Whether a ZeroMQ socket may have messages its descriptor did not announce (see
         # Readiness): true after any send or receive on one, and once its descriptor fires.
@@ -359,10 +366,10 @@ class Node:
                 if stale:
                     stale = False
                     if _get(backend, _EVENTS) & _POLLIN:
-                        router.on_backend()
+                        front.on_backend()
                         stale = True
                     if _get(frontend, _EVENTS) & _POLLIN:
-                        router.on_frontend()
+                        front.on_frontend()
                         stale = True
                     if peers is not None:
                         for sock in list(peers.sockets):
@@ -372,23 +379,19 @@ class Node:
                     if stale:
                         timeout_s = 0  # the other descriptors' turn, then look again
                 for fd, events in ready.poll(timeout_s):
-                    if fd in fast_fds or fd == listen_fd:
-                        if events & epollout:
-                            fast.on_writable(fd)
-                        if events & ~epollout:
-                            fast.on_readable(fd)
+                    door = owners.get(fd)
+                    if door is not None:
+                        door.on_event(fd, events)
                     elif fd in zmq_fds:
                         stale = True
-                    elif fd in http_fds or fd == http_listen_fd:
-                        http.on_event(fd, events)
                     elif fd == wake_fd:
                         try:
                             while wake.recv(512):
                                 pass
                         except BlockingIOError:
                             pass
-                if router.zmq_used:  # a fast port's request went to a worker, say
-                    router.zmq_used = False
+                if front.zmq_used:  # a fast port's request went to a worker, say
+                    front.zmq_used = False
                     stale = True
                 if sup.signals:
                     sup.dispatch()
@@ -403,16 +406,14 @@ class Node:
                 if not self.housekeeping(now_ns, ready):
                     return
         finally:
-            if fast is not None:
-                fast.detach()  # the router closes it after this set is gone
-            if http is not None:
-                http.detach()
+            for door in tcp_doors:
+                door.detach()  # closed after this set is gone (Node.run)
             ready.close()
 
     def housekeeping(self, now_ns: int, ready: Readiness) -> bool:
         """The timers: the supervisor's, the routing core's, the peers' and the metrics'.
         False once the supervisor says the node has stopped."""
-        sup, routing, peers = self.supervisor, self.router.core, self.peers
+        sup, routing, peers = self.supervisor, self.routing, self.peers
         self.loop_ns = now_ns
         if self.own is not None and self.own.state_due:
             # As often as a worker sends its STATE (on a change, every heartbeat), not every
@@ -425,8 +426,8 @@ class Node:
         if not sup.tick(now_ns, routing.heard):
             return False
         routing.tick(now_ns)
-        if self.router.http is not None:
-            self.router.http.tick(now_ns)
+        if self.http is not None:
+            self.http.tick(now_ns)
         if now_ns >= self._next_membership_ns:
             self._next_membership_ns = now_ns + int(PEER_INTERVAL_S * 1e9)
             self.follow_membership(ready)
@@ -444,7 +445,7 @@ class Node:
         of state. Refused (vetoed, or unvouched after the wait): out of rotation, no claims,
         and the worker IDs held let go (the workers do that when told)."""
         was, self.verdict = self.verdict, verdict
-        routing = self.router.core
+        routing = self.routing
         routing.clock_verdict = verdict.claims  # tells the workers of a change
         own = self.own.store if self.own is not None else None
         if own is not None and own.claim_veto != verdict.claims:
@@ -493,7 +494,7 @@ class Node:
         )
         if own.start():
             self.own = own
-            self.router.core.mint_own(own.mint, self.config.broker_mint_max_ids)
+            self.routing.mint_own(own.mint, self.config.broker_mint_max_ids)
 
     def start_watermark(self) -> None:
         """The node's watermark: rounds on a thread of their own, answered from the loop."""
@@ -503,7 +504,7 @@ class Node:
         watermark = Watermark(self.config, open_store=open_store)
         if watermark.start():
             self.watermark = watermark
-            self.router.core.watermark = watermark
+            self.routing.watermark = watermark
 
     def workers_settled(self) -> bool:
         """Every worker process of this node is connected and holds all its worker IDs.
@@ -511,11 +512,11 @@ class Node:
         under the GIL), never a lock the loop would wait for."""
         from .own import workers_settled
 
-        return workers_settled(self.router.core.links.values(), len(self.supervisor.procs), self.config.ids_per_worker)
+        return workers_settled(self.routing.links.values(), len(self.supervisor.procs), self.config.ids_per_worker)
 
     def own_entry(self) -> dict:
         """This node's membership entry as of now."""
-        routing = self.router.core
+        routing = self.routing
         worker_ids = sorted(
             {h.worker_id for link in routing.links.values() for h in link.status.held if h.worker_id is not None}
             | set(self.own.worker_ids() if self.own is not None else ())
@@ -523,8 +524,8 @@ class Node:
         return {
             **self.entry,
             "store_id": self.store_id(),
-            "fast_port": self.router.fast.port if self.router.fast is not None else None,
-            "http_port": self.router.http.port if self.router.http is not None else None,
+            "fast_port": self.fast.port if self.fast is not None else None,
+            "http_port": self.http.port if self.http is not None else None,
             "worker_ids": worker_ids,
             "in_rotation": bool(routing.rotation) and routing.veto is None,
             "clock_offsets_ms": {
@@ -556,7 +557,7 @@ class Node:
         """The answer to NODES: the cluster's live nodes as this node last read them."""
         own = self.own_entry()
         # The answering node's own fast port: a client reaches it at the host it reached this node on.
-        fast = self.router.fast.port if self.router.fast is not None else None
+        fast = self.fast.port if self.fast is not None else None
         http = own["http_port"]
         if self.membership is None:
             return {"cluster": None, "nodes": [own], "fast_port": fast, "http_port": http}
@@ -594,14 +595,14 @@ class Node:
         config = self.config
         return {
             "pid": os.getpid(),
-            "bind": self.router.endpoint() if self.router else config.bind,
+            "bind": self.front.endpoint() if self.front else config.bind,
             "mode": "embedded" if config.embedded else "etcd",
             "cluster": None if config.embedded else config.cluster,
             "store_id": self.store_id(),
             **self.supervisor.describe(),
             "mints_up_to": config.broker_mint_max_ids if self.own is not None else 0,
-            "fast_port": self.router.fast.describe() if self.router and self.router.fast else None,
-            "http_port": self.router.http.describe() if self.router and self.router.http else None,
+            "fast_port": self.fast.describe() if self.fast else None,
+            "http_port": self.http.describe() if self.http else None,
             "own_worker_id": self.own.describe() if self.own is not None else None,
             # The peers' verdict on this node's clock (None: nobody judges it).
             "clock": self.peers.verdict.to_dict() if self.peers is not None else None,
@@ -611,6 +612,51 @@ class Node:
                 else None
             ),
         }
+
+
+def open_doors(
+    ctx: zmq.Context,
+    config: Config,
+    backend: str,
+    *,
+    curve: CurveServer | None = None,
+    describe_broker: Callable[[], dict] | None = None,
+    live_pids: set[int] | None = None,
+    metrics: Metrics | None = None,
+) -> tuple[Routing, ZmqFront, FastPort | None, HttpDoor | None]:
+    """A node's routing core and its doors: the ZeroMQ front (the frontend and backend ROUTER
+    sockets, the backend on ``backend``), and the fast port and the HTTP door where the
+    settings have them. Each door hands what it reads to the core's one intake
+    (``Routing.requests``); the core's replies leave by the door of their address
+    (``doors/addresses.py``). A door that cannot be opened closes those opened before it."""
+    front = ZmqFront(ctx, config, backend, curve=curve)
+    fast = http = None
+    try:
+        doors = Doors(front.to_client)
+        routing = Routing(
+            config,
+            doors.to_client,
+            front.to_worker,
+            describe_broker=describe_broker,
+            live_pids=live_pids,
+            metrics=metrics,
+        )
+        front.serve(routing)
+        bind, with_curve = front.endpoint(), bool(config.curve_secret_key)
+        where = fast_address(config.fast_bind, bind, with_curve)
+        if where is not None:
+            fast = FastPort(*where, requests=routing.requests, bad_request=routing.bad_request)
+            doors.add(fast=fast.send)
+        where = http_address(config.http_bind, bind, with_curve)
+        if where is not None:
+            http = HttpDoor(*where, config, requests=routing.requests)
+            doors.add(http=http.send)
+    except BaseException:
+        for door in (fast, front):
+            if door is not None:
+                door.close()
+        raise
+    return routing, front, fast, http
 
 
 def _absent(paths: list[str]) -> list[str]:

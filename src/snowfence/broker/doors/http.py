@@ -6,7 +6,7 @@ request becomes the binary request bodies every other door sends
 (:meth:`Routing.requests`) under a routing address of the HTTP connection's own, so
 fair shares, the in-flight limit and ``overloaded``, the peer clock veto, the
 broker's own minting, retries on another worker and the counters apply unchanged;
-the binary replies come back through the router (:meth:`HttpDoor.send`) and are
+the binary replies come back through the core's ``to_client`` (:meth:`HttpDoor.send`) and are
 turned into JSON here. Only ``/v1/bounds`` is answered without the core: it is
 arithmetic on the layout.
 
@@ -16,11 +16,9 @@ uvicorn): about 0.3 us a request where the pure-Python ``h11`` takes about 37 us
 (benchmarks/http.py ``--parsers``), which on this loop would be more than the rest of
 a single ID's round trip.
 
-An HTTP connection's routing address is ``b"\\x00\\x01"`` + 7 bytes: the shape of a
-fast connection's (nine bytes, the first zero: ``fast.is_fast_addr``), so the router's
-one test of that shape refuses a ZeroMQ peer posing as either; the second byte tells
-them apart (a fast connection's is 0: its counter would need 2**56 connections to
-reach it), and the router sends a reply whose address has it here.
+An HTTP connection's routing address is ``b"\\x00\\x01"`` + 7 bytes: the shape of the
+broker's own connections (``addresses.py``), whose second byte tells the HTTP door's
+(1) from the fast port's (0).
 
 Bounds, so bad input never holds the loop or its memory: at most ``MAX_CONNECTIONS``
 connections (one more gets a 503 and is closed); a request head of at most
@@ -57,14 +55,13 @@ from ... import protocol
 from ...config import Config
 from ...errors import BadRequest, FrameTooLarge, SnowfenceError, Unavailable
 from ...ids import to_base32
-from .fast import listen_tcp
+from .addresses import HTTP_PREFIX
+from .tcp import TcpConn, TcpDoor
 
 #: Bytes read from one connection per wake-up.
 READ_BYTES = 16 * 1024
 #: Connections at once; one more gets a 503 and is closed.
 MAX_CONNECTIONS = 256
-#: Connections accepted per wake-up.
-ACCEPT_BATCH = 64
 #: Request line and headers of one request, at most (431 beyond).
 MAX_HEAD_BYTES = 16 * 1024
 #: A request's body, at most (413 beyond): a POST's JSON ``{"count": N, "blocks": true}``.
@@ -89,8 +86,6 @@ IDLE_S = 60.0
 LINGER_S = 1.0
 LINGER_BYTES = 1 << 20
 
-_ADDR_PREFIX = b"\x00\x01"
-ADDR_SIZE = 9
 _HEADER = protocol.HEADER
 _BLOCK_UNPACK = struct.Struct("!QI").unpack_from
 _WATERMARK_UNPACK = struct.Struct("!QQ").unpack_from
@@ -126,14 +121,6 @@ STATUS_OF_CODE = {
 _IDS, _STATUS, _NODES, _WATERMARK, _DONE = range(5)
 _PATHS = {b"/v1/ids": _IDS, b"/v1/status": _STATUS, b"/v1/nodes": _NODES, b"/v1/watermark": _WATERMARK}
 _ENCODE = {_STATUS: protocol.encode_status, _NODES: protocol.encode_nodes, _WATERMARK: protocol.encode_watermark}
-
-
-def _no_watch(fd: int, mask: int) -> None:
-    pass
-
-
-def _no_unwatch(fd: int) -> None:
-    pass
 
 
 # -- answers as bytes ----------------------------------------------------------------------
@@ -270,19 +257,15 @@ def _json_object(body: bytes) -> dict:
 _BODY_TYPES = {"count": (int, "an integer"), "blocks": (bool, "true or false"), "format": (str, "a string")}
 
 
-class _Conn:
+class _Conn(TcpConn):
     """One HTTP connection: its parser's callbacks, and its requests in order."""
 
     __slots__ = (
         "door",
-        "sock",
-        "fd",
-        "addr",
         "parser",
         "queue",
         "started",
         "waiting",
-        "unsent",
         "mask",
         "ending",
         "eof",
@@ -302,17 +285,14 @@ class _Conn:
     )
 
     def __init__(self, door: HttpDoor, sock: socket.socket, addr: bytes) -> None:
+        super().__init__(sock, addr)
         self.door = door
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.addr = addr
         self.parser = httptools.HttpRequestParser(self)
         #: Requests read and not yet answered, oldest first; the first ``started`` were asked of the core.
         self.queue: deque[_Request] = deque()
         self.started = 0
         #: request_id -> the request it is part of.
         self.waiting: dict[int, _Request] = {}
-        self.unsent = bytearray()
         #: What the loop's epoll set watches this descriptor for.
         self.mask = _EPOLLIN
         #: No more reading: an answer that closes the connection is queued (or a request could not be parsed).
@@ -377,15 +357,13 @@ class _Conn:
         self.active = True
 
 
-class HttpDoor:
-    """The listening socket and its connections; the broker's loop polls ``listen_fd``
-    and each connection's descriptor (``by_fd``) and hands their events to :meth:`on_event`.
+class HttpDoor(TcpDoor):
+    """The listening socket and its connections (``tcp.TcpDoor``); the broker's loop hands
+    the events of its descriptors to :meth:`on_event`.
 
     ``requests`` is the routing core's intake (:meth:`Routing.requests`); replies to an
-    HTTP connection's address come back through :meth:`send` (the router's
-    ``to_client``). ``watch(fd, mask)`` sets what the loop's epoll set watches a
-    descriptor for (0: only hang-ups), ``unwatch(fd)`` takes it out; :meth:`tick` is the
-    loop's housekeeping."""
+    HTTP connection's address come back through :meth:`send` (the routing core's
+    ``to_client``, by ``addresses.Doors``); :meth:`tick` is the loop's housekeeping."""
 
     def __init__(
         self,
@@ -394,45 +372,20 @@ class HttpDoor:
         config: Config,
         *,
         requests: Callable[[list[tuple[int, bytes, bytes]]], None],
-        watch: Callable[[int, int], None] | None = None,
-        unwatch: Callable[[int], None] | None = None,
     ) -> None:
-        self.listener = listen_tcp(host, port, "the HTTP port")
-        self.listen_fd = self.listener.fileno()
-        self.port = self.listener.getsockname()[1]
-        self.host = host
+        super().__init__(host, port, what="the HTTP port", prefix=HTTP_PREFIX, max_connections=MAX_CONNECTIONS)
         self.layout = config.layout
         self._requests = requests
-        self.watch = watch or _no_watch
-        self.unwatch = unwatch or _no_unwatch
-        self.by_fd: dict[int, _Conn] = {}
-        self.by_addr: dict[bytes, _Conn] = {}
-        self._next = itertools.count(1)
         self._next_scan_ns = 0
         self._answer_scans = math.ceil(ANSWER_S / SCAN_S)
         self._read_scans = math.ceil(REQUEST_READ_S / SCAN_S)
         self._idle_scans = math.ceil(IDLE_S / SCAN_S)
         self._linger_scans = math.ceil(LINGER_S / SCAN_S)
-        #: Connections accepted and closed; HTTP requests read; answered with an error of
-        #: the door's own (bad or too large, unknown path or method); connections closed for
-        #: one too many, a request read too slowly, or idleness; answers not complete in time.
-        self.stats = {
-            "accepted": 0,
-            "closed": 0,
-            "requests": 0,
-            "bad_request": 0,
-            "too_many": 0,
-            "slow_request": 0,
-            "idle": 0,
-            "timed_out": 0,
-        }
-
-    def describe(self) -> dict:
-        return {"port": self.port, "host": self.host, "connections": len(self.by_fd), **self.stats}
-
-    def detach(self) -> None:
-        """The loop's epoll set is going: closing connections after it unregisters nothing."""
-        self.watch, self.unwatch = _no_watch, _no_unwatch
+        #: Besides connections accepted, closed and turned away (too_many): HTTP requests
+        #: read; answered with an error of the door's own (bad or too large, unknown path or
+        #: method); connections closed for a request read too slowly, or idleness; answers
+        #: not complete in time.
+        self.stats.update(requests=0, bad_request=0, slow_request=0, idle=0, timed_out=0)
 
     # -- the loop's events ----------------------------------------------------------------
 
@@ -455,12 +408,8 @@ class HttpDoor:
             self._close(conn)
 
     def _read(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(READ_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._close(conn)
+        data = self._recv(conn, READ_BYTES)
+        if data is None:
             return
         if not data:
             # The client has finished sending (or gone): answer what it asked, then close.
@@ -508,30 +457,15 @@ class HttpDoor:
         req.fail(status, error_body(err))
         conn.queue.append(req)
 
-    def _accept(self) -> None:
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # out of descriptors, or the client gave up: the next turn may do
-                return
-            if len(self.by_fd) >= MAX_CONNECTIONS:
-                self.stats["too_many"] += 1
-                try:
-                    sock.setblocking(False)
-                    sock.send(_TOO_MANY)
-                except OSError:
-                    pass
-                sock.close()
-                continue
+    def _connection(self, sock: socket.socket, addr: bytes) -> _Conn:
+        return _Conn(self, sock, addr)
+
+    def _turn_away(self, sock: socket.socket) -> None:
+        try:
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(self, sock, _ADDR_PREFIX + next(self._next).to_bytes(7, "big"))
-            self.by_fd[conn.fd] = conn
-            self.by_addr[conn.addr] = conn
-            self.stats["accepted"] += 1
-            self.watch(conn.fd, _EPOLLIN)
+            sock.send(_TOO_MANY)
+        except OSError:
+            pass
 
     # -- a request, read --------------------------------------------------------------------
 
@@ -693,7 +627,7 @@ class HttpDoor:
             mask |= _EPOLLOUT
         if mask != conn.mask:
             conn.mask = mask
-            self.watch(conn.fd, mask)
+            self.watcher.watch(conn.fd, mask, self)
 
     @staticmethod
     def _ask(conn: _Conn, req: _Request, batch: list) -> None:
@@ -717,7 +651,7 @@ class HttpDoor:
             batch.append((0, addr, _ENCODE[req.kind](rid)))
 
     def send(self, addr: bytes, reply: bytes) -> None:
-        """One binary reply to the HTTP connection ``addr`` (the router's ``to_client``); dropped
+        """One binary reply to the HTTP connection ``addr`` (the core's ``to_client``); dropped
         if the connection has closed or its request was answered already."""
         conn = self.by_addr.get(addr)
         if conn is None or len(reply) < protocol.HEADER_SIZE:
@@ -784,32 +718,16 @@ class HttpDoor:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _write(self, conn: _Conn, data: bytes) -> None:
+    def _write(self, conn: _Conn, data: bytes) -> bool:
         conn.active = True
-        if conn.unsent:
-            conn.unsent += data
-            return
-        try:
-            sent = conn.sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            self._close(conn)
-            return
-        if sent < len(data):
-            conn.unsent += memoryview(data)[sent:]
+        return super()._write(conn, data)
 
-    def _flush(self, conn: _Conn) -> None:
-        try:
-            sent = conn.sock.send(conn.unsent)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._close(conn)
-            return
+    def _flush(self, conn: _Conn) -> bool:
+        if not super()._flush(conn):
+            return False
         conn.active = True
-        del conn.unsent[:sent]
         self._advance(conn)
+        return True
 
     # -- timers -----------------------------------------------------------------------------
 
@@ -872,36 +790,22 @@ class HttpDoor:
         conn.request_scans = 0
         if conn.mask != _EPOLLIN:
             conn.mask = _EPOLLIN
-            self.watch(conn.fd, _EPOLLIN)
+            self.watcher.watch(conn.fd, _EPOLLIN, self)
 
     def _drain(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(READ_BYTES)
-        except (BlockingIOError, InterruptedError):
+        data = self._recv(conn, READ_BYTES)
+        if data is None:
             return
-        except OSError:
-            data = b""
         conn.draining += len(data)
         if not data or conn.draining > LINGER_BYTES:
             self._close(conn)
 
-    def _close(self, conn: _Conn) -> None:
-        if self.by_fd.get(conn.fd) is not conn:
-            return
-        self.by_fd.pop(conn.fd, None)
-        self.by_addr.pop(conn.addr, None)
-        self.unwatch(conn.fd)
-        self.stats["closed"] += 1
+    def _close(self, conn: _Conn, flush: bool = False) -> bool:
+        if not super()._close(conn, flush):
+            return False
         conn.waiting.clear()
         conn.queue.clear()
-        conn.sock.close()
-
-    def close(self) -> None:
-        """Stop listening and close every connection."""
-        for conn in list(self.by_fd.values()):
-            self._close(conn)
-        self.unwatch(self.listen_fd)
-        self.listener.close()
+        return True
 
 
 _TOO_MANY = response(

@@ -10,7 +10,6 @@ module's :meth:`ZmqFront.to_client` and :meth:`ZmqFront.to_worker`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 import zmq
 import zmq.backend
@@ -19,10 +18,8 @@ from ... import protocol
 from ...config import Config
 from ...errors import BadRequest, ConfigError
 from ..auth import CurveServer
-from ..metrics import Metrics
 from ..routing import Routing
-from .fast import FastPort, fast_address, is_fast_addr
-from .http import HttpDoor, http_address
+from .addresses import is_fast_addr
 
 #: Messages taken from one socket per wake-up before the other gets a turn.
 BATCH = 256
@@ -45,36 +42,19 @@ _SNDMORE_NOBLOCK = _SNDMORE | _NOBLOCK
 _GONE = (zmq.EHOSTUNREACH, zmq.EAGAIN)
 
 
-def _no_fast_port(addr: bytes, reply: bytes) -> None:
-    """A reply for a fast connection on a node without a fast port: none can exist."""
-
-
-def _no_http_door(addr: bytes, reply: bytes) -> None:
-    """A reply for an HTTP connection on a node without an HTTP door: none can exist."""
-
-
 class ZmqFront:
-    """The frontend and backend ROUTER sockets around a :class:`Routing` core (``core``)."""
+    """The frontend and backend ROUTER sockets, handing what arrives to a :class:`Routing`
+    core (``core``, given by :meth:`serve`)."""
 
     def __init__(
         self,
         ctx: zmq.Context,
         config: Config,
         backend_endpoint: str,
-        describe_broker: Callable[[], dict] | None = None,
-        live_pids: set[int] | None = None,
-        metrics: Metrics | None = None,
         curve: CurveServer | None = None,
     ) -> None:
         self.config = config
-        #: The fast port (plain TCP beside the frontend), if this node has one; set before
-        #: the sockets, for close() after a failed start.
-        self.fast: FastPort | None = None
-        self._fast_send = _no_fast_port
-        #: The HTTP door (``doors/http.py``), if this node has one; its connections' addresses
-        #: have the fast connections' shape, with 1 for a second byte.
-        self.http: HttpDoor | None = None
-        self._http_send = _no_http_door
+        self.core: Routing | None = None
         #: The CURVE allow-list's keeper (None: no allow-list), and the requests dropped because
         #: their connection's key was taken off the list after it connected.
         self._gate = None
@@ -92,30 +72,10 @@ class ZmqFront:
             # An open socket would keep ctx.term() waiting forever: close both first.
             self.close()
             raise
-        self.core = Routing(
-            config,
-            self.to_client,
-            self.to_worker,
-            describe_broker=describe_broker,
-            live_pids=live_pids,
-            metrics=metrics,
-        )
-        where = fast_address(config.fast_bind, self.endpoint(), bool(config.curve_secret_key))
-        if where is not None:
-            try:
-                self.fast = FastPort(*where, requests=self.core.requests, bad_request=self.core.bad_request)
-            except BaseException:
-                self.close()
-                raise
-            self._fast_send = self.fast.send
-        where = http_address(config.http_bind, self.endpoint(), bool(config.curve_secret_key))
-        if where is not None:
-            try:
-                self.http = HttpDoor(*where, config, requests=self.core.requests)
-            except BaseException:
-                self.close()
-                raise
-            self._http_send = self.http.send
+
+    def serve(self, core: Routing) -> None:
+        """Hand clients' requests and workers' frames to ``core`` from now on."""
+        self.core = core
 
     def _setup_sockets(self, config: Config, backend_endpoint: str, curve: CurveServer | None) -> None:
         if curve is not None:
@@ -192,12 +152,7 @@ class ZmqFront:
             requests(((meta, addr, body),))
 
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
-        if is_fast_addr(addr):  # the broker's own connections: the fast port's, or HTTP's (second byte 1)
-            if addr[1]:
-                self._http_send(addr, reply)
-            else:
-                self._fast_send(addr, reply)
-            return
+        """One reply to a ZeroMQ client (``addresses.Doors`` sends the others' elsewhere)."""
         front = self.frontend
         self.zmq_used = True
         _send(front, addr, _SNDMORE)
@@ -238,10 +193,6 @@ class ZmqFront:
         return True
 
     def close(self) -> None:
-        if self.fast is not None:
-            self.fast.close()
-        if self.http is not None:
-            self.http.close()
         self.frontend.close()
         self.backend.close()
         if self._ipc_path is not None:

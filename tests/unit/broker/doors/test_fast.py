@@ -14,7 +14,8 @@ import pytest
 
 from snowfence import protocol
 from snowfence.broker.doors import fast as fastmod
-from snowfence.broker.doors.fast import FastPort, fast_address, is_fast_addr
+from snowfence.broker.doors.addresses import is_fast_addr
+from snowfence.broker.doors.fast import FastPort, fast_address
 from snowfence.clients.core import Block, ClientBase
 from snowfence.config import Config
 from snowfence.errors import BadRequest, ConfigError, FrameTooLarge
@@ -84,10 +85,10 @@ class Core:
         self.port.send(addr, protocol.encode_error(0, err))
 
 
-def core_and_port(**kw) -> tuple[Core, FastPort]:
+def core_and_port() -> tuple[Core, FastPort]:
     """A FastPort on a loopback port the kernel picks, wired to a scripted core."""
     core = Core()
-    core.port = FastPort("127.0.0.1", 0, requests=core.requests, bad_request=core.bad_request, **kw)
+    core.port = FastPort("127.0.0.1", 0, requests=core.requests, bad_request=core.bad_request)
     return core, core.port
 
 
@@ -116,9 +117,9 @@ def turn(port: FastPort, rounds: int = 20) -> None:
         fds = [port.listen_fd, *port.by_fd]
         readable, writable, _ = select.select(fds, [c.fd for c in port.by_fd.values() if c.unsent], [], 0.01)
         for fd in writable:
-            port.on_writable(fd)
+            port.on_event(fd, select.EPOLLOUT)
         for fd in readable:
-            port.on_readable(fd)
+            port.on_event(fd, select.EPOLLIN)
 
 
 def read_bodies(sock: socket.socket, n: int) -> list[bytes]:
@@ -301,9 +302,9 @@ def test_replies_the_kernel_will_not_take_at_once_are_sent_when_it_will(served):
     assert not port.by_addr[addr].unsent
 
 
-def test_one_connection_more_than_the_limit_is_closed_at_once(served, monkeypatch):
-    monkeypatch.setattr(fastmod, "MAX_CONNECTIONS", 2)
+def test_one_connection_more_than_the_limit_is_closed_at_once(served):
     core, port, connect = served
+    port.max_connections = 2  # MAX_CONNECTIONS, as the port was made with it
     connect(), connect()
     third = connect()
     assert closed_by_peer(third)
@@ -317,7 +318,7 @@ def test_a_read_takes_a_bounded_number_of_requests_per_turn(served):
     sock.sendall(frame * 1000)  # 20,000 bytes: more than one read takes
     time.sleep(0.05)
     conn = next(iter(port.by_fd))
-    port.on_readable(conn)
+    port.on_event(conn, select.EPOLLIN)
     assert 0 < len(core.admitted) <= fastmod.READ_BYTES // len(frame) + 1
     turn(port)
     assert len(core.admitted) == 1000
@@ -524,11 +525,15 @@ def test_a_bad_frame_whose_error_cannot_be_sent_closes_the_connection_once(monke
     # second unregister of its descriptor stopped the broker's loop).
     registered: set[int] = set()
 
-    def unwatch(fd):
-        registered.remove(fd)  # raises KeyError, as zmq.Poller.unregister does, for one not there
+    class Watcher:  # the loop's epoll set, as the door sees it
+        def watch(self, fd, mask, owner=None):
+            registered.add(fd)
 
-    core, port = core_and_port(watch=lambda fd, writable: registered.add(fd), unwatch=unwatch)
-    registered.add(port.listen_fd)
+        def unwatch(self, fd):
+            registered.remove(fd)  # raises KeyError, as epoll's unregister raises, for one not there
+
+    core, port = core_and_port()
+    port.attach(Watcher())
     try:
         sock = socket.create_connection(("127.0.0.1", port.port), timeout=5)
         turn(port)
@@ -550,7 +555,7 @@ def test_a_bad_frame_whose_error_cannot_be_sent_closes_the_connection_once(monke
         conn.sock = Resetting(conn.sock)
         sock.sendall(struct.pack("!I", 0))
         time.sleep(0.05)
-        port.on_readable(conn.fd)
+        port.on_event(conn.fd, select.EPOLLIN)
         assert not port.by_fd and port.stats["closed"] == 1
         assert registered == {port.listen_fd}
         sock.close()

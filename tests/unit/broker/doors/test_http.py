@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from snowfence import protocol
 from snowfence.broker.doors import http as httpmod
-from snowfence.broker.doors.fast import is_fast_addr
+from snowfence.broker.doors.addresses import is_fast_addr
 from snowfence.broker.doors.http import HttpDoor, http_address, ids_json
 from snowfence.config import Config
 from snowfence.errors import ConfigError, Fenced, Overloaded, WatermarkUnavailable
@@ -97,10 +97,9 @@ class Loop:
     def __init__(self, door: HttpDoor) -> None:
         self.door = door
         self.ep = select.epoll()
-        door.watch, door.unwatch = self.watch, self.unwatch
-        self.watch(door.listen_fd, select.EPOLLIN)
+        door.attach(self)
 
-    def watch(self, fd: int, mask: int) -> None:
+    def watch(self, fd: int, mask: int, owner=None) -> None:
         try:
             self.ep.modify(fd, mask)
         except FileNotFoundError:
@@ -542,7 +541,7 @@ def test_a_protocol_upgrade_is_not_offered(served):
 
 def test_connections_beyond_the_cap_get_a_503_and_are_closed(served, monkeypatch):
     core, door, loop, connect = served
-    monkeypatch.setattr(httpmod, "MAX_CONNECTIONS", 2)
+    door.max_connections = 2  # MAX_CONNECTIONS, as the door was made with it
     a, _b, c = connect(), connect(), connect()
     (r,) = responses(c, 1, loop)
     assert r.status == 503 and r.json()["code"] == "unavailable" and r.headers["retry-after"] == "1"
@@ -652,12 +651,11 @@ def test_the_doors_requests_go_through_the_routing_cores_intake():
 
 
 def test_the_router_sends_replies_for_http_addresses_to_the_door_and_refuses_zeromq_peers_posing_as_one():
-    from snowfence.broker.doors.zmq import ZmqFront
+    from snowfence.broker.main import open_doors
 
     ctx = zmq.Context()
-    router = ZmqFront(ctx, Config(bind="tcp://127.0.0.1:*"), "inproc://back-http-test")
-    door = router.http
-    assert door is not None and router.fast is not None
+    _, router, fast, door = open_doors(ctx, Config(bind="tcp://127.0.0.1:*"), "inproc://back-http-test")
+    assert door is not None and fast is not None
     loop = Loop(door)
     sock = socket.create_connection(("127.0.0.1", door.port), timeout=5)
     poser = ctx.socket(zmq.DEALER)
@@ -697,7 +695,8 @@ def test_the_router_sends_replies_for_http_addresses_to_the_door_and_refuses_zer
     finally:
         poser.close(0)
         sock.close()
-        router.close()
+        for opened in (fast, door, router):
+            opened.close()
         loop.ep.close()
         ctx.term()
 

@@ -11,7 +11,7 @@ import select
 import zmq
 
 from snowfence import protocol
-from snowfence.broker.doors.zmq import ZmqFront
+from snowfence.broker.main import open_doors
 from snowfence.broker.routing import Routing
 from snowfence.config import Config
 
@@ -30,7 +30,8 @@ def test_frames_in_and_out_and_a_multi_frame_request_is_refused_with_bad_request
     ctx = zmq.Context()
     n = next(_names)
     config = Config(bind=f"inproc://front-{n}")
-    router = ZmqFront(ctx, config, f"inproc://back-{n}")
+    _, router, fast, http = open_doors(ctx, config, f"inproc://back-{n}")
+    assert fast is None and http is None  # an ipc:// or inproc:// bind has neither
     socks = []
 
     def socket(kind: int, endpoint: str, identity: bytes | None = None) -> zmq.Socket:
@@ -105,9 +106,10 @@ def test_the_frontend_and_the_fast_port_hand_every_request_to_the_cores_one_inta
     monkeypatch.setattr(Routing, "requests", spy)
     ctx = zmq.Context()
     n = next(_names)
-    router = ZmqFront(ctx, Config(bind="tcp://127.0.0.1:*", fast_bind="auto"), f"inproc://back-{n}")
-    fast = router.fast
-    assert fast is not None
+    _, router, fast, http = open_doors(
+        ctx, Config(bind="tcp://127.0.0.1:*", fast_bind="auto", http_bind="off"), f"inproc://back-{n}"
+    )
+    assert fast is not None and http is None
     socks: list[zmq.Socket] = []
 
     def dealer(endpoint: str, identity: bytes | None = None) -> zmq.Socket:
@@ -125,7 +127,7 @@ def test_the_frontend_and_the_fast_port_hand_every_request_to_the_cores_one_inta
             router.on_backend()
             readable, _, _ = select.select([fast.listen_fd, *fast.by_fd], [], [], 0.01)
             for fd in readable:
-                fast.on_readable(fd)
+                fast.on_event(fd, select.EPOLLIN)
 
     plain = None
     try:
@@ -157,6 +159,7 @@ def test_the_frontend_and_the_fast_port_hand_every_request_to_the_cores_one_inta
             plain.close()
         for s in socks:
             s.close(0)
+        fast.close()
         router.close()
         ctx.term()
 
@@ -175,7 +178,7 @@ def test_the_loops_epoll_set_sees_zeromq_messages_by_their_descriptor_and_plain_
     ready = Readiness()
     try:
         ready.add_zmq(inbox)
-        ready.watch(plain_r.fileno(), False)
+        ready.watch(plain_r.fileno(), select.EPOLLIN)
         assert not _get(inbox, _EVENTS) & _POLLIN  # nothing there yet (reading EVENTS clears the descriptor)
         outbox.send(b"one")
         outbox.send(b"two")
@@ -188,7 +191,7 @@ def test_the_loops_epoll_set_sees_zeromq_messages_by_their_descriptor_and_plain_
         assert _get(inbox, _EVENTS) & _POLLIN and inbox.recv() == b"two"
         plain_w.send(b"x")
         assert dict(ready.poll(1.0)) == {plain_r.fileno(): select.EPOLLIN}
-        ready.watch(plain_r.fileno(), True)  # again: modified, not registered twice
+        ready.watch(plain_r.fileno(), select.EPOLLIN | select.EPOLLOUT)  # again: modified, not registered twice
         assert select.EPOLLOUT & dict(ready.poll(1.0))[plain_r.fileno()]
         ready.unwatch(plain_r.fileno())
         ready.remove_zmq(inbox)
