@@ -43,6 +43,7 @@ import re
 import stat
 import sys
 import time
+from collections.abc import Sequence
 
 from .errors import ConfigError
 from .ids import BASE32_WIDTH, Layout, format_unix_ms, from_base32, parse_epoch
@@ -521,9 +522,11 @@ def _load(np, names: list[str], fmt: str, layout: Layout):
 # -- checking ------------------------------------------------------------------------------------------------------
 
 
-class _Checker:
-    def __init__(self, np, layout: Layout, args: argparse.Namespace, now_ms: int) -> None:
-        self.np = np
+class _Checks:
+    """What both checkers are asked and what they count, which the summary reads: the checks'
+    settings, each kind of problem's count and first examples, the time span, the worker IDs seen."""
+
+    def __init__(self, layout: Layout, args: argparse.Namespace, now_ms: int) -> None:
         self.layout = layout
         self.order = args.order
         self.examples = args.examples
@@ -534,20 +537,30 @@ class _Checker:
             raise ConfigError("--from must be before --to")
         self.future_ms = now_ms + int(args.future_margin * 1000)
         self.key_bits = layout.region_bits + layout.worker_bits
-        self.key_type = np.uint16 if self.key_bits <= 16 else np.uint32 if self.key_bits <= 32 else np.int64
         self.invalid = {"not_63_bit": 0, "future": 0, "before_since": 0, "shard": 0}
         self.invalid_ids = 0
         self.invalid_examples: list = []
         self.out_of_order = 0
         self.order_examples: list = []
         self.outside = 0
-        #: IDs lower than the ID just before them in the dump: few means long sorted runs, which a stable
-        #: sort (timsort) merges in a fraction of a quicksort's time.
-        self.descents = 0
         self.outside_examples: list = []
         self.earliest: int | None = None
         self.latest: int | None = None
         # Every worker ID seen: sorted keys ((region << worker_bits) | worker) and their counts.
+        self.keys: Sequence[int] = []
+        self.key_counts: Sequence[int] = []
+
+
+class _Checker(_Checks):
+    """The checks vectorised with NumPy, a chunk of IDs at a time."""
+
+    def __init__(self, np, layout: Layout, args: argparse.Namespace, now_ms: int) -> None:
+        super().__init__(layout, args, now_ms)
+        self.np = np
+        self.key_type = np.uint16 if self.key_bits <= 16 else np.uint32 if self.key_bits <= 32 else np.int64
+        #: IDs lower than the ID just before them in the dump: few means long sorted runs, which a stable
+        #: sort (timsort) merges in a fraction of a quicksort's time.
+        self.descents = 0
         self.keys = np.empty(0, dtype=np.int64)
         self.key_counts = np.empty(0, dtype=np.int64)
 
@@ -693,34 +706,14 @@ class _Checker:
         return {"count": extra, "ids": distinct_repeated, "distinct": len(ids) - extra, "examples": examples}
 
 
-class _PureChecker(_Checker):
+class _PureChecker(_Checks):
     """The checks of :class:`_Checker` in plain Python, one ID at a time, for a host without NumPy: the same
     counts and summary. The examples are the first of each kind in input order (the vectorised checker's may be
     others when there are more than ``--examples``)."""
 
     def __init__(self, layout: Layout, args: argparse.Namespace, now_ms: int) -> None:
-        self.layout = layout
-        self.order = args.order
-        self.examples = args.examples
-        self.since = _time_arg("--since", args.since)
-        self.time_from = _time_arg("--from", args.time_from)
-        self.time_to = _time_arg("--to", args.time_to)
-        if self.time_from is not None and self.time_to is not None and self.time_from >= self.time_to:
-            raise ConfigError("--from must be before --to")
-        self.future_ms = now_ms + int(args.future_margin * 1000)
-        self.key_bits = layout.region_bits + layout.worker_bits
-        self.invalid = {"not_63_bit": 0, "future": 0, "before_since": 0, "shard": 0}
-        self.invalid_ids = 0
-        self.invalid_examples: list = []
-        self.out_of_order = 0
-        self.order_examples: list = []
-        self.outside = 0
-        self.outside_examples: list = []
-        self.earliest: int | None = None
-        self.latest: int | None = None
+        super().__init__(layout, args, now_ms)
         self.counts: dict[int, int] = {}
-        self.keys: list[int] = []
-        self.key_counts: list[int] = []
 
     def _note(self, into: list, entry: dict) -> None:
         if len(into) < self.examples:
@@ -815,7 +808,7 @@ def _fields(layout: Layout, id_: int) -> str:
     return f"{id_} ({format_unix_ms(d.unix_ms)} {shard}region={d.region} worker={d.worker} sequence={d.sequence})"
 
 
-def _summary(layout: Layout, checker: _Checker, dups: dict, inputs: list, total: int, seconds: float) -> dict:
+def _summary(layout: Layout, checker: _Checks, dups: dict, inputs: list, total: int, seconds: float) -> dict:
     order = {name: k for k, (name, *_rest) in reversed(list(enumerate(inputs)))}
 
     def located(entries: list) -> list:

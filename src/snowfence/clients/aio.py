@@ -478,7 +478,8 @@ class AsyncClient(ClientBase):
         now_ns = time.monotonic_ns()
         try:
             sleep_s = round_.on_failed(failed.error, now_ns)
-        finally:  # the connection goes, also with the error: a refused one stays refused
+        finally:  # as _connection_failed, but the round's own waiters are forgotten before the
+            # reset answers every waiter left with None (a reset under it, to a round)
             self._forget_waiters(waiting)
             self._reset(rotate=True, now_ns=now_ns)
         if sleep_s:
@@ -599,12 +600,8 @@ class AsyncClient(ClientBase):
                 continue
             if matched.__class__ is _Failed:  # refused: the round decides, then the connection goes
                 self._core.abandon((pending,))
-                now_ns = time.monotonic_ns()
                 if matched.link is self._watch:
-                    try:
-                        sleep_s = round_.on_failed(matched.error, now_ns)
-                    finally:
-                        self._reset(rotate=True, now_ns=now_ns)
+                    sleep_s = self._connection_failed(round_, matched.error, time.monotonic_ns())
                     if sleep_s:
                         await asyncio.sleep(sleep_s)
                 continue

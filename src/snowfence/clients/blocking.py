@@ -373,13 +373,8 @@ class Client(ClientBase):
                 try:
                     reply = self._await(pending, frame)
                 except _Lost as lost:
-                    now_ns = time.monotonic_ns()
                     self._core.abandon((pending,))
-                    try:
-                        sleep_s = round_.on_failed(lost.error, now_ns)
-                    finally:  # the connection goes, also with the error: a refused one stays refused
-                        self._reset(rotate=True, now_ns=now_ns)
-                    time.sleep(sleep_s)
+                    time.sleep(self._connection_failed(round_, lost.error, time.monotonic_ns()))
                     continue
                 if reply is not None:
                     return round_.on_reply(reply)
@@ -583,12 +578,7 @@ class Client(ClientBase):
                     try:
                         self._turn(round_)
                     except _Lost as lost:
-                        now_ns = time.monotonic_ns()
-                        try:
-                            sleep_s = round_.on_failed(lost.error, now_ns)
-                        finally:  # the connection goes, also with the error: a refused one stays refused
-                            self._reset(rotate=True, now_ns=now_ns)
-                        time.sleep(sleep_s)
+                        time.sleep(self._connection_failed(round_, lost.error, time.monotonic_ns()))
                         continue
                 self._settle(round_)
         except BaseException:

@@ -13,7 +13,7 @@ from snowfence import AsyncClient, Client
 from snowfence import protocol as p
 from snowfence.clients import aio
 from snowfence.clients.core import KEEP, Block, ClientBase, Core, FastPath, ReserveJob
-from snowfence.errors import Fenced, Timeout
+from snowfence.errors import ConnectionRefused, Fenced, Timeout
 
 
 def test_block_behaves_like_a_range():
@@ -281,3 +281,34 @@ def test_both_clients_leave_a_fast_port_that_closed_under_a_request_alone_for_30
     c.fast_path.learn({"fast_port": 1, "nodes": []}, c.endpoint)  # even a port learnt again is left alone
     assert c._fast_choice(None, 1, p.MAX_BLOCK, c.fast_path.off_until_ns - 1) is None
     assert c._fast_choice(None, 1, p.MAX_BLOCK, c.fast_path.off_until_ns) == ("127.0.0.1", 1)
+
+
+class _Round:
+    """A round whose ``on_failed`` answers a wait, or raises what it is given."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.seen = []
+
+    def on_failed(self, error, now_ns):
+        self.seen.append((error, now_ns))
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize("answer", [0.25, Fenced("refused for good")])
+def test_a_refused_connection_goes_whatever_the_round_decides(answer):
+    """Both clients, on a request whose connection was refused: the round says how long to wait
+    (or gives up), and the connection goes either way: its requests are abandoned and the next
+    connection is to the next endpoint."""
+    c = ClientBase(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"])
+    pending, _ = c._core.status(10**12)
+    round_, error = _Round(answer), ConnectionRefused("the node refused the connection")
+    if isinstance(answer, BaseException):
+        with pytest.raises(type(answer)):
+            c._connection_failed(round_, error, 5_000)
+    else:
+        assert c._connection_failed(round_, error, 5_000) == answer
+    assert round_.seen == [(error, 5_000)]
+    assert c.resets == 1 and c.endpoint == "tcp://127.0.0.1:2" and not c._core.inflight

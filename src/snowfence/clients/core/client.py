@@ -140,6 +140,16 @@ class ClientBase:
         self._close_connections()
         self._forget_connection(rotate)
 
+    def _connection_failed(self, round_, error: SnowfenceError, now_ns: int) -> float:
+        """A request of ``round_`` (a :class:`ReserveRound` or :class:`StatusRound`) found its
+        connection refused, or its handshake failed: the round decides whether the call goes on
+        and after how many seconds (``on_failed``, which raises when it does not), and the
+        connection goes either way (a refused one stays refused)."""
+        try:
+            return round_.on_failed(error, now_ns)
+        finally:
+            self._reset(rotate=True, now_ns=now_ns)
+
     @property
     def endpoints(self) -> list[str]:
         return self.directory.endpoints
