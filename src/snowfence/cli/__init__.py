@@ -14,6 +14,10 @@ argument); 73 the state directory is unusable (keygen: the key files exist);
 78 (EX_CONFIG) a value, a setting, the environment or the config file is invalid,
 including a key file or an endpoint that cannot be used; 130 interrupted.
 Every error is one line on stderr.
+
+Each command is a module of this package (``COMMANDS``): its ``add`` makes its parser and
+names the function that runs it. ``args`` holds what several commands read off the command
+line, ``node`` how a command talks to a node.
 """
 
 from __future__ import annotations
