@@ -15,13 +15,12 @@ import time
 import httptools
 import pytest
 import zmq
-from hypothesis import given
-from hypothesis import strategies as st
 
 from snowfence import protocol
 from snowfence.broker.doors import http as httpmod
+from snowfence.broker.doors import http_requests
 from snowfence.broker.doors.addresses import is_fast_addr
-from snowfence.broker.doors.http import HttpDoor, http_address, ids_json
+from snowfence.broker.doors.http import HttpDoor, http_address
 from snowfence.config import Config
 from snowfence.errors import ConfigError, Fenced, Overloaded, WatermarkUnavailable
 
@@ -558,13 +557,13 @@ def test_a_slow_request_is_408_an_unanswered_one_503_and_an_idle_connection_clos
     def tick(seconds: float) -> None:
         end = now[0] + int(seconds * 1e9)
         while now[0] < end:
-            now[0] += int(httpmod.SCAN_S * 1e9)
+            now[0] += int(http_requests.SCAN_S * 1e9)
             door.tick(now[0])
 
     slow = connect()
     slow.sendall(b"GET /v1/ids HTTP/1.1\r\nHost: x\r\n")  # and nothing more
     loop.turn()
-    tick(httpmod.REQUEST_READ_S + 1)
+    tick(http_requests.REQUEST_READ_S + 1)
     (r,) = responses(slow, 1, loop)
     assert r.status == 408 and door.stats["slow_request"] == 1
     assert closed_by_peer(slow, loop)
@@ -573,7 +572,7 @@ def test_a_slow_request_is_408_an_unanswered_one_503_and_an_idle_connection_clos
     waiting = connect()
     waiting.sendall(get("/v1/ids?count=5000"))
     loop.turn()
-    tick(httpmod.ANSWER_S + 1)
+    tick(http_requests.ANSWER_S + 1)
     (r,) = responses(waiting, 1, loop)
     assert r.status == 503 and r.json()["code"] == "unavailable" and door.stats["timed_out"] == 1
     core.release()  # late answers are dropped
@@ -583,7 +582,7 @@ def test_a_slow_request_is_408_an_unanswered_one_503_and_an_idle_connection_clos
     core.release()
     assert responses(waiting, 1, loop)[0].json() == STATUS
 
-    tick(httpmod.IDLE_S + 1)
+    tick(http_requests.IDLE_S + 1)
     assert closed_by_peer(waiting, loop)
     assert door.stats["idle"] == 1 and not door.by_fd
 
@@ -599,8 +598,8 @@ def test_a_client_that_does_not_read_its_answers_holds_little_and_is_closed_in_t
     assert 0 < len(conn.unsent) < httpmod.UNSENT_LOW + 2_300_000
     assert len(conn.queue) > 10
     now = 0
-    for _ in range(int((httpmod.IDLE_S + 2) / httpmod.SCAN_S)):
-        now += int(httpmod.SCAN_S * 1e9)
+    for _ in range(int((http_requests.IDLE_S + 2) / http_requests.SCAN_S)):
+        now += int(http_requests.SCAN_S * 1e9)
         door.tick(now)
     assert door.stats["idle"] == 1 and not door.by_fd
 
@@ -727,8 +726,3 @@ def test_a_door_that_cannot_bind_says_so():
 
 
 # -- rendering -------------------------------------------------------------------------------------
-
-
-@given(st.lists(st.tuples(st.integers(0, (1 << 63) - 5000), st.integers(1, 4096)), min_size=1, max_size=5))
-def test_an_id_list_is_every_id_as_its_decimal_string(blocks):
-    assert json.loads(ids_json(blocks)) == {"ids": [str(i) for f, c in blocks for i in range(f, f + c)]}
