@@ -407,6 +407,33 @@ MUTANTS = [
         ),
         kinds=("etcd",),
     ),
+    # -- the node's decisions (broker/nodecore.py), as the simulator's brokers take them
+    Mutant(
+        "verdict-followed-once",
+        "the broker acts on the peers' clock verdict only until the first one is in: a clock that goes off later "
+        "keeps its node in rotation and claiming",
+        (
+            Edit(
+                R + "nodecore:NodeCore.housekeeping",
+                "            if peers.verdict is not self.verdict:\n",
+                "            if peers.verdict is not self.verdict and self.verdict.state == PENDING:\n",
+            ),
+        ),
+        kinds=("etcd",),
+    ),
+    Mutant(
+        "membership-read-as-complete",
+        "the node takes its membership as read before its thread has read it: with no member known, its clock "
+        "counts as alone and it claims on a clock nobody checked",
+        (
+            Edit(
+                R + "nodecore:NodeCore.follow_membership",
+                "complete = membership.read_ns is not None",
+                "complete = True",
+            ),
+        ),
+        kinds=("etcd",),
+    ),
     # -- the watermark (store/watermark.py), as the simulator runs it
     Mutant(
         "claim-ignores-watermark",

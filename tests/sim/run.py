@@ -41,7 +41,7 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
     totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = totals["home_refused"] = 0
     totals["watermarks"] = totals["watermark_advances"] = totals["watermark_schedules"] = 0
-    totals["own_mints_etcd"] = totals["clock_refused"] = 0
+    totals["own_mints_etcd"] = totals["own_mints_embedded"] = totals["clock_refused"] = totals["node_halts"] = 0
     lags: list[int] = []
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
@@ -71,7 +71,8 @@ def work(job: int, jobs: int, args, deadline: float, stop, out) -> None:
         totals["watermarks"] += result["watermarks"]
         totals["watermark_advances"] += result["watermark_advances"]
         totals["watermark_schedules"] += result["watermark_advances"] > 0
-        totals["own_mints_etcd"] += result["own_mints"] if result["kind"] == "etcd" else 0
+        totals[f"own_mints_{result['kind']}"] += result["own_mints"]
+        totals["node_halts"] += result["node_halts"]
         totals["clock_refused"] += result["clock_refused"]
         lags += result["watermark_lags_ms"]
         for _, kind in result["fault_log"]:
@@ -144,7 +145,7 @@ def main() -> int:
     totals = {"schedules": 0, "faults": 0, "mints": 0, "ids": 0, "refused": 0, "claims": 0, "sim_s": 0.0}
     totals["partition_minting"] = totals["mixed"] = totals["region_refused"] = totals["home_refused"] = 0
     totals["watermarks"] = totals["watermark_advances"] = totals["watermark_schedules"] = 0
-    totals["own_mints_etcd"] = totals["clock_refused"] = 0
+    totals["own_mints_etcd"] = totals["own_mints_embedded"] = totals["clock_refused"] = totals["node_halts"] = 0
     lags: list[int] = []
     kinds: dict[str, int] = {}
     fault_kinds: dict[str, int] = {}
@@ -181,10 +182,13 @@ def main() -> int:
         "schedules_with_mixed_flags": totals["mixed"],
         "second_cluster_refused": totals["region_refused"],
         "second_home_refused": totals["home_refused"],
-        # The broker's own worker ID's mints in etcd schedules (its store is told the clock
-        # verdict, as broker/main.py tells it), and how often a broker's verdict refused claims.
+        # The broker's own worker ID's mints by store (in etcd schedules its store is told the
+        # clock verdict by the node's core, as in the service), how often a broker's verdict
+        # refused claims, and how often a node's core said it had stopped (a halt).
         "own_mints_etcd": totals["own_mints_etcd"],
+        "own_mints_embedded": totals["own_mints_embedded"],
         "clock_refusals": totals["clock_refused"],
+        "node_halts": totals["node_halts"],
         "faults_by_kind": dict(sorted(fault_kinds.items())),
         "brokers": dict(sorted(broker.items())),
         # The watermark: WATERMARK replies checked against every later mint, how often the

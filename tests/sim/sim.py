@@ -39,7 +39,12 @@ faults at moments chosen from the schedule's seed. What runs is the real code:
   :class:`~snowfence.broker.peers.ClockJudge`, over simulated peer sockets
   (:class:`PeerSocket`: a connection comes up a while after it is made, and a send
   before that is not made, as with ``ZMQ_IMMEDIATE``; the other brokers' routing
-  cores answer TIME), acted on by broker/main.py's own ``Node.follow_verdict``.
+  cores answer TIME);
+* the real broker's decisions, :class:`~snowfence.broker.nodecore.NodeCore`: its
+  ``housekeeping`` is each broker loop's timers (the supervisor's, the routing
+  core's, the membership's turn with its peer filter, the peers' and their verdict
+  handed to the routing core and the own worker ID's store), and its stop and exit
+  plans are the supervisor's callbacks, as in broker/main.py.
 
 What is simulated is everything around them: the clients, the hosts' clocks,
 the network to etcd, and the faults.
@@ -74,10 +79,11 @@ import orjson
 import zmq
 
 from snowfence import protocol
-from snowfence.broker import main as broker_main
 from snowfence.broker import own as own_mod
-from snowfence.broker.main import HOUSEKEEPING_NS, PEER_INTERVAL_S
-from snowfence.broker.peers import PENDING, PeerClocks, Verdict
+from snowfence.broker.main import HOUSEKEEPING_NS
+from snowfence.broker.metrics import Metrics
+from snowfence.broker.nodecore import PEER_INTERVAL_S, NodeCore
+from snowfence.broker.peers import PeerClocks
 from snowfence.broker.routing import Routing
 from snowfence.broker.supervisor import Supervisor
 from snowfence.broker.watermark import Watermark
@@ -271,6 +277,8 @@ class Node:
         self.slow_until = 0
         self.commit_then_timeout = 0
         self.cut: set[int] = set()  # etcd members this node cannot reach
+        #: Where its broker is reached (the peers' sockets connect here).
+        self.endpoint = f"tcp://127.0.0.1:{7000 + index}"
         self.broker: Broker | None = None
 
 
@@ -431,35 +439,47 @@ class Broker:
         #: The broker process, as far as its own worker ID's thread runs in it, and that
         #: worker ID (broker/own.py), when the settings have the broker mint small requests.
         self.proc: Proc | None = Proc(world, node, own_mod.SLOT, config) if config.broker_mint_max_ids else None
-        self.own: own_mod.OwnWorkerId | None = None
+        self.own = None
         #: The broker process as far as its watermark thread runs in it, and the node's
         #: watermark (broker/watermark.py), a new one at every start of the broker.
         self.wm_proc = Proc(world, node, WATERMARK_SLOT, config)
-        self.watermark: Watermark | None = None
+        self.watermark = None
+
+    # The parts the node's core is given as they start (broker/main.py's ``Node`` does the same).
+    @property
+    def own(self) -> own_mod.OwnWorkerId | None:
+        return self.node_core.own
+
+    @own.setter
+    def own(self, own: own_mod.OwnWorkerId | None) -> None:
+        self.node_core.own = own
+
+    @property
+    def watermark(self) -> Watermark | None:
+        return self.node_core.watermark
+
+    @watermark.setter
+    def watermark(self, watermark: Watermark | None) -> None:
+        self.node_core.watermark = watermark
+
+    @property
+    def peers(self) -> PeerClocks | None:
+        return self.node_core.peers
 
     # -- the process side: the real supervisor, with a simulated spawner
     def boot(self) -> None:
-        """The broker process starts: its routing core and its supervisor (broker/main.py's
-        wiring: the supervisor's live PIDs are the core's, its stop and exit callbacks
-        the same). The worker processes start at the supervisor's ``start``."""
+        """The broker process starts: its routing core, its supervisor and the node's core
+        over them (broker/main.py's wiring: the supervisor's live PIDs are the routing
+        core's, its stop and exit callbacks the node core's). The worker processes start
+        at the supervisor's ``start``."""
         node, config = self.node, self.config
-        self.sup = Supervisor(
-            config,
-            self.spawn,
-            slots=len(self.supervised),
-            clock=node.clock.mono,
-            on_stop=self.on_stop,
-            on_exit=self.on_exit,
-        )
+        self.sup = Supervisor(config, self.spawn, slots=len(self.supervised), clock=node.clock.mono)
         #: PIDs of the host's worker processes that are running (the supervisor's view).
         self.live = self.sup.live_pids
         #: Whether it serves as a member of its cluster (a new broker process: from its first turn).
         self.serving = False
-        #: The peers' clock offsets and verdict (broker/peers.py's PeerClocks, over simulated
-        #: sockets), made when the node starts; the verdict acted on last (broker/main.py's).
-        self.peers: PeerClocks | None = None
-        self.verdict = Verdict(PENDING, None, None, "not judged yet")
-        self.next_membership_ns = 0
+        #: Its membership (etcd mode, or peers named), once it serves.
+        self.membership: SimMembership | None = None
         self.core = Routing(
             config,
             self.to_client,
@@ -467,6 +487,20 @@ class Broker:
             clock=node.clock.mono,
             wall_clock=node.clock.wall,
             live_pids=self.live,
+        )
+        #: The node's decisions (broker/nodecore.py): the loop's timers are its ``housekeeping``.
+        #: Its peers (broker/peers.py's PeerClocks, over simulated sockets) and membership
+        #: are given when the node starts serving; its own worker ID and watermark as they start.
+        self.node_core = NodeCore(
+            config,
+            self.sup,
+            self.core,
+            Metrics(config),
+            now_ns=node.clock.mono(),
+            pid=100 + node.index,
+            bind=node.endpoint,
+            entry={"node": f"n{node.index}", "endpoints": [node.endpoint]},
+            wall_ns=node.clock.wall,
         )
         self.running = True
         # A second cluster's process on this host is no worker of this node's supervisor: the
@@ -483,13 +517,6 @@ class Broker:
         self.world.start(p)
         return SimPopen(self.world, p)
 
-    def on_stop(self) -> None:
-        self.core.stop_accepting()
-        self.core.broadcast(protocol.STOP_FRAME)
-
-    def on_exit(self, pid: int) -> None:
-        self.core.forget_pid(pid, "process exited")
-
     def started(self, p: Proc) -> None:
         self.live.add(p.pid)
         self.procs[p.ident] = p
@@ -503,11 +530,6 @@ class Broker:
         w = self.world
         w.at(w.T + w.rng.randrange(1, BROKER_TICK_NS), None, self.core.forget_pid, p.pid, "exited")
 
-    @property
-    def router(self) -> SimpleNamespace:
-        """What broker/main.py's ``Node.follow_verdict`` reaches the routing core through."""
-        return SimpleNamespace(core=self.core)
-
     def start_node(self, now: int) -> None:
         """The broker process begins serving (its first turn): it registers in the cluster's
         membership and starts measuring its peers' clocks, as broker/main.py's ``_run`` does."""
@@ -520,8 +542,8 @@ class Broker:
             return
         w.members.add(self.node)
         # No member is known until the membership is first read (the thread reads it as the
-        # node starts; the loop takes it in at its next membership turn, a second later).
-        self.peers = PeerClocks(
+        # node starts; the core takes it in at its next membership turn, a second later).
+        self.node_core.peers = PeerClocks(
             PeerContext(w, self),
             [],
             interval_s=PEER_INTERVAL_S,
@@ -530,30 +552,8 @@ class Broker:
             wall_ns=self.node.clock.wall,
             mono_ns=self.node.clock.mono,
         )
-        self.next_membership_ns = now
-        self.membership_read = False
+        self.membership = self.node_core.membership = SimMembership(w, self)
         w.checker.clock_seen(self.node)
-
-    def follow_membership(self, now: int) -> None:
-        """broker/main.py's ``follow_membership``: measure against every other registered
-        node (the membership as read now; reads are not faulted here)."""
-        self.next_membership_ns = now + PEER_INTERVAL_NS
-        if not self.membership_read:  # the first turn: the membership thread has not read it yet
-            self.membership_read = True
-            self.peers.set_peers([], complete=False)
-            return
-        w = self.world
-        others = [f"sim://n{n.index}" for n in w.nodes if n in w.members and n is not self.node]
-        self.peers.set_peers(others, complete=True)
-
-    def follow_verdict(self) -> None:
-        """The peers' verdict, acted on by broker/main.py's own ``Node.follow_verdict``: the
-        workers told (CLOCK), the broker's own worker ID's store told, out of rotation."""
-        verdict, was = self.peers.verdict, self.verdict
-        broker_main.Node.follow_verdict(self, verdict)
-        if verdict.refused and not was.refused:
-            w = self.world
-            w.counts["clock_refused"] = w.counts.get("clock_refused", 0) + 1
 
     def peer_request(self, sock: PeerSocket, body: bytes) -> None:
         """A peer's TIME request reaches this broker's frontend: the routing core answers it."""
@@ -565,7 +565,7 @@ class Broker:
         w = self.world
         if self.peers is not None:
             self.peers.close()
-            self.peers = None
+            self.node_core.peers = None
         w.members.discard(self.node)
         self.serving = False
         self.stopped_at = w.T
@@ -600,19 +600,16 @@ class Broker:
         now = self.node.clock.mono()
         if not self.serving:
             self.start_node(now)
-        peers = self.peers
-        if peers is not None:
+        if self.peers is not None:
             w.checker.clock_seen(self.node)
-            if now >= self.next_membership_ns:
-                self.follow_membership(now)
-            peers.tick(now)
-            if peers.verdict is not self.verdict:
-                self.follow_verdict()
-        if not self.sup.tick(now, self.core.heard):
+        node_core = self.node_core
+        was = node_core.verdict
+        if not node_core.housekeeping(now):
             self.halted()
             return
+        if node_core.verdict.refused and not was.refused:
+            w.counts["clock_refused"] = w.counts.get("clock_refused", 0) + 1
         self.check_silence(now)
-        self.core.tick(now)
 
     def check_silence(self, now: int) -> None:
         """A worker whose STATE has not come for the supervisor's kill bound and the grace
@@ -747,7 +744,39 @@ class Broker:
         self.core.schedule()
 
 
-# -- the peers' sockets ---------------------------------------------------------------------
+# -- the membership and the peers' sockets -----------------------------------------------------
+
+
+class SimMembership:
+    """What the node's core reads of broker/membership.py's ``Membership``: the entries the
+    registered nodes (brokers serving) last published, with this node's. Its thread reads
+    them as the node starts, so the core's first membership turn finds none read yet; each
+    later turn finds them as they are then (reads are not faulted here)."""
+
+    def __init__(self, world: World, broker: Broker) -> None:
+        self.world = world
+        self.name = broker.node_core.entry["node"]
+        #: This node's entry as last published (registered with the entry as of its start).
+        self.entry = broker.node_core.own_entry()
+        self.turns = 0
+
+    def publish(self, entry: dict) -> None:
+        self.entry = entry
+        self.turns += 1
+
+    @property
+    def read_ns(self) -> int | None:
+        return None if self.turns < 2 else 0
+
+    @property
+    def nodes(self) -> list[dict]:
+        if self.turns < 2:
+            return []
+        w = self.world
+        return [n.broker.membership.entry for n in w.nodes if n in w.members]
+
+    def view(self, own: dict) -> list[dict]:
+        return sorted([*(n for n in self.nodes if n.get("node") != self.name), own], key=lambda n: n["node"])
 
 
 class PeerContext:
@@ -1389,7 +1418,7 @@ class World:
             clock = HostClock(self, mono0, base_wall + skew - mono0, rng.uniform(-500, 500))
             node = Node(self, i, clock)
             self.nodes.append(node)
-            self.endpoints[f"sim://n{i}"] = node
+            self.endpoints[node.endpoint] = node
             config = self.config
             if self.kind == "etcd":
                 config = Config(
@@ -2601,6 +2630,7 @@ def run_schedule(
         # The broker's own worker ID's mints, and how often a broker's clock verdict refused claims.
         "own_mints": world.counts.get("own_mints", 0),
         "clock_refused": world.counts.get("clock_refused", 0),
+        "node_halts": world.counts.get("node_halts", 0),
         "home_refused": world.counts.get("home_refused", 0),
         "violation": violation,
         "faults": len(world.faults),

@@ -59,9 +59,13 @@ def test_the_real_code_shows_no_violation_in_the_ci_budget():
     assert summary["schedules_with_mixed_flags"] > 0 and summary["second_cluster_refused"] > 0
     assert summary["second_home_refused"] > 0
     # The clock verdict: brokers refused claims on clocks no majority vouched for (the late
-    # host's, steps), and the broker's own worker ID, told the verdict as broker/main.py tells
-    # it, minted in etcd schedules (a store never told stays pending and never claims).
-    assert summary["clock_refusals"] > 0 and summary["own_mints_etcd"] > 0
+    # host's, steps). Per store, the broker's own worker ID minted: in etcd schedules only
+    # once the node's core hands it the verdict (a store never told stays pending and never
+    # claims), in embedded ones with no verdict to wait for. A node's core said it had
+    # stopped (the supervisor's halt) and the node started again.
+    assert summary["clock_refusals"] > 0
+    assert summary["own_mints_etcd"] > 0 and summary["own_mints_embedded"] > 0
+    assert summary["node_halts"] > 0
     # The watermark: promised, checked against every later mint, and advancing with time
     # (one that never advanced would pass the checker trivially), a few seconds behind the
     # wall clock at the median (the skew bound and the floors' renewal interval).
@@ -113,6 +117,8 @@ SEARCH_FROM = {
     "floor-above-last-minted": 256,
     "clock-vouched-unheard": 87,
     "claims-before-verdict": 1,
+    "verdict-followed-once": 1,
+    "membership-read-as-complete": 4,
 }
 
 
@@ -146,6 +152,8 @@ SERVICE_STEPS = {
     "snowfence.broker.own:spare_rule": "the broker's own worker ID's give-back",
     "snowfence.broker.supervisor:Supervisor.watch_silence": "the supervisor's kill of a silent worker",
     "snowfence.broker.supervisor:Supervisor.reap": "the supervisor's halt on a boot error",
+    "snowfence.broker.nodecore:NodeCore.housekeeping": "the broker's timers and the clock verdict's hand-off",
+    "snowfence.broker.nodecore:NodeCore.follow_membership": "the membership's turn: which peers are measured",
 }
 
 

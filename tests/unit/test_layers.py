@@ -126,6 +126,9 @@ def importers_of(target: str) -> set[str]:
         ("snowfence.broker.routing", "snowfence.workers"),
         # The supervisor is driven by the broker's loop and knows nothing of it.
         ("snowfence.broker.supervisor", "snowfence.broker.main"),
+        # The node's decisions have no sockets and know nothing of the loop that steps them.
+        ("snowfence.broker.nodecore", "zmq"),
+        ("snowfence.broker.nodecore", "snowfence.broker.main"),
         # decode and the clients never import etcd code.
         ("snowfence.clients", "snowfence.etcd"),
         ("snowfence.ids", "snowfence.etcd"),

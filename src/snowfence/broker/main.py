@@ -5,16 +5,15 @@ run directory, the doors (``broker/doors/``: the ZeroMQ front's two sockets, the
 fast port, the HTTP door), the CURVE server half, the health server, the
 peer-clock sockets and the signal wake-up socket pair. It builds the routing core
 and the doors around it; its loop polls them, hands what arrived to the doors
-(or the peers), and every
-``HOUSEKEEPING_NS`` gives the timers their turn: the supervisor's
-:meth:`~snowfence.broker.supervisor.Supervisor.tick` (with when the routing core
-last heard from each worker), the routing core's heartbeats, the peers' clock
-votes and the metrics snapshot. The decisions live in those
-parts; this module only wires them together and starts worker processes.
+(or the peers), and every ``HOUSEKEEPING_NS`` gives the timers their turn: one
+step of :class:`~snowfence.broker.nodecore.NodeCore` (``housekeeping``). The
+decisions live in that core and the parts it is given; this module only binds,
+starts threads and worker processes, and wires them together.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import select
@@ -30,7 +29,6 @@ import orjson
 import zmq
 import zmq.backend
 
-from .. import protocol
 from ..config import Config
 from ..errors import ConfigError
 from ..logs import event, set_process_title
@@ -44,8 +42,9 @@ from .doors.tcp import TcpDoor
 from .doors.zmq import ZmqFront
 from .membership import Membership, advertised_endpoints, base_entry, node_name
 from .metrics import HealthServer, Metrics
+from .nodecore import PEER_INTERVAL_S, NodeCore
 from .notify import Notifier
-from .peers import ALONE, PENDING, VOUCHED, PeerClocks, Verdict
+from .peers import PeerClocks
 from .routing import Routing
 from .supervisor import SIGNALS, Supervisor
 
@@ -57,7 +56,6 @@ log = logging.getLogger("snowfence.broker")
 
 LOOP_TICK_S = 0.05
 HOUSEKEEPING_NS = 10_000_000
-PEER_INTERVAL_S = 1.0
 
 
 # Read on the loop's every look at its ZeroMQ sockets: the Cython method, and ints (the
@@ -158,23 +156,18 @@ class Node:
         self.curve: CurveServer | None = None
         self.health: HealthServer | None = None
         self.peers: PeerClocks | None = None
-        #: The peers' last verdict on this node's clock acted on (see :meth:`follow_verdict`).
-        self.verdict = Verdict(PENDING, None, None, "not judged yet")
         self.membership: Membership | None = None
-        #: This node's entry in the cluster's membership: what does not change while it runs.
-        self.entry: dict = {}
-        self._next_membership_ns = 0
+        #: The node's decisions (made once the doors are bound): see broker/nodecore.py.
+        self.core: NodeCore | None = None
         self.notifier: Notifier | None = None
         #: The broker's own worker ID, for small requests (``broker_mint_max_ids``).
         self.own: OwnWorkerId | None = None
         #: The node's watermark rounds (``watermark_interval_s``; None: it answers no WATERMARK).
         self.watermark: Watermark | None = None
-        #: When the loop last gave the timers their turn (monotonic ns).
-        self.loop_ns = time.monotonic_ns()
         #: This node's name for its region's home on this host (see store/home.py).
         self.home: home.HomeHold | None = None
-        self._store_id: str | None = None
-        self.supervisor = Supervisor(config, self._spawn, on_stop=self._on_stop, on_exit=self._on_exit)
+        # Its stop and exit callbacks are the core's (set when the core is made).
+        self.supervisor = Supervisor(config, self._spawn)
 
     @property
     def backend(self) -> str:
@@ -183,16 +176,10 @@ class Node:
     def _spawn(self, slot: int) -> subprocess.Popen:
         return spawn_worker(self.config, slot, self.backend, self.front.endpoint() if self.front else "")
 
-    def _on_stop(self) -> None:
+    def _stopping(self, reason: str) -> None:
+        """systemd is told the node stops (the core's ``stopping``)."""
         if self.notifier is not None:
-            self.notifier.notify(STOPPING="1", STATUS=f"stopping: {self.supervisor.stop_reason}")
-        if self.routing is not None:
-            self.routing.stop_accepting()
-            self.routing.broadcast(protocol.STOP_FRAME)
-
-    def _on_exit(self, pid: int) -> None:
-        if self.routing is not None:
-            self.routing.forget_pid(pid, "process exited")
+            self.notifier.notify(STOPPING="1", STATUS=f"stopping: {reason}")
 
     def run(self) -> int:
         """Serve until stopped; a start that fails before it says it serves leaves nothing behind:
@@ -255,13 +242,28 @@ class Node:
                 )
             endpoints = advertised_endpoints(self.config, self.front.endpoint())
             name = node_name(self.config, endpoints)
-            self.entry = base_entry(self.config, name, endpoints, self.health.address if self.health else None)
-            self.routing.describe_nodes = self.nodes
+            core = self.core = NodeCore(
+                self.config,
+                sup,
+                self.routing,
+                self.metrics,
+                now_ns=time.monotonic_ns(),
+                pid=os.getpid(),
+                bind=self.front.endpoint(),
+                entry=base_entry(self.config, name, endpoints, self.health.address if self.health else None),
+                fast_port=self.fast.port if self.fast is not None else None,
+                http_port=self.http.port if self.http is not None else None,
+                timers=[self.http.tick] if self.http is not None else [],
+                door_status=self.door_status,
+                snapshot_metrics=self.health is not None,
+                stopping=self._stopping,
+            )
+            self.routing.describe_nodes = core.nodes
             signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
             for sig in handled:
                 signal.signal(sig, sup.enqueue)
             if not self.config.embedded:
-                self.membership = Membership(self.config, name, self.own_entry())
+                self.membership = core.membership = Membership(self.config, name, core.own_entry())
                 # The node's name is taken before it says it serves: one held by a live node is refused.
                 self.membership.register()
             if self.config.peers or self.membership is not None:
@@ -274,7 +276,7 @@ class Node:
                     # The membership's members are known once it was read.
                     complete=self.membership is None,
                 )
-                self.metrics.peers = self.peers
+                self.metrics.peers = core.peers = self.peers
             mode = "embedded" if self.config.embedded else f"etcd cluster {self.config.cluster!r}"
             n = len(sup.procs)
             self.announced = True
@@ -352,6 +354,7 @@ class Node:
             for sock in peers.sockets:
                 ready.add_zmq(sock)
         ready.watch(wake_fd, select.EPOLLIN)
+        self.core.rewire_peers = functools.partial(_rewire_peers, ready, peers)
         tcp_doors = [door for door in (self.fast, self.http) if door is not None]
         for door in tcp_doors:
             door.attach(ready)
@@ -403,80 +406,12 @@ class Node:
                     continue
                 next_housekeeping_ns = now_ns + HOUSEKEEPING_NS
                 stale = True  # the timers below send on ZeroMQ sockets
-                if not self.housekeeping(now_ns, ready):
+                if not self.core.housekeeping(now_ns):
                     return
         finally:
             for door in tcp_doors:
                 door.detach()  # closed after this set is gone (Node.run)
             ready.close()
-
-    def housekeeping(self, now_ns: int, ready: Readiness) -> bool:
-        """The timers: the supervisor's, the routing core's, the peers' and the metrics'.
-        False once the supervisor says the node has stopped."""
-        sup, routing, peers = self.supervisor, self.routing, self.peers
-        self.loop_ns = now_ns
-        if self.own is not None and self.own.state_due:
-            # As often as a worker sends its STATE (on a change, every heartbeat), not every
-            # turn: describing it and adding it up costs the loop ~0.1-0.2 ms, which a
-            # single-ID client whose request arrives meanwhile waits for.
-            state = self.own.snapshot(now_ns)
-            if state is not None:
-                self.metrics.observe(b"own", state)
-                self.metrics.own = state
-        if not sup.tick(now_ns, routing.heard):
-            return False
-        routing.tick(now_ns)
-        if self.http is not None:
-            self.http.tick(now_ns)
-        if now_ns >= self._next_membership_ns:
-            self._next_membership_ns = now_ns + int(PEER_INTERVAL_S * 1e9)
-            self.follow_membership(ready)
-        if peers is not None:
-            peers.tick(now_ns)
-            if peers.verdict is not self.verdict:
-                self.follow_verdict(peers.verdict)
-        if self.health is not None:  # the snapshot is the HTTP thread's; building one costs ~1 ms
-            self.metrics.maybe_snapshot(now_ns, routing, sup.restarts, sup.kills)
-        return True
-
-    def follow_verdict(self, verdict: Verdict) -> None:
-        """Act on the peers' verdict on this node's clock: the workers and the broker's own
-        worker ID are told first (no claim once it is refused), then it is logged on a change
-        of state. Refused (vetoed, or unvouched after the wait): out of rotation, no claims,
-        and the worker IDs held let go (the workers do that when told)."""
-        was, self.verdict = self.verdict, verdict
-        routing = self.routing
-        routing.clock_verdict = verdict.claims  # tells the workers of a change
-        own = self.own.store if self.own is not None else None
-        if own is not None and own.claim_veto != verdict.claims:
-            own.claim_veto = verdict.claims  # and the broker's own worker ID
-        routing.veto = verdict.claims if verdict.refused else verdict.rotation
-        if (was.state, bool(was.rotation)) == (verdict.state, bool(verdict.rotation)):
-            return  # logged when it changes, not per offset measured
-        if verdict.refused:
-            name = "clock_veto" if verdict.rotation else "claims_vetoed"
-            event(
-                log,
-                name,
-                f"leaving rotation, claiming no worker ID and letting those held go: {verdict.claims}",
-                level=logging.ERROR,
-                verdict=verdict.state,
-            )
-        elif verdict.state == ALONE:
-            event(
-                log,
-                "clock_alone",
-                f"{verdict.reason}: claims count on this clock unchecked",
-                level=logging.WARNING,
-                verdict=verdict.state,
-            )
-        elif verdict.state == VOUCHED:
-            if was.refused and was.rotation:
-                event(log, "rejoined", "clock agrees with the cluster again", verdict=verdict.state)
-            elif was.refused:
-                event(log, "claims_allowed", "a majority of the cluster vouches for the clock again")
-            else:
-                event(log, "clock_vouched", f"clock vouched for ({verdict.reason}): claiming", verdict=verdict.state)
 
     def start_own(self) -> None:
         """The broker's own worker ID: claimed on a thread of its own once every worker
@@ -488,12 +423,12 @@ class Node:
         own = OwnWorkerId(
             self.config,
             open_store=open_store,
-            workers_settled=self.workers_settled,
-            loop_ns=lambda: self.loop_ns,
+            workers_settled=self.core.workers_settled,
+            loop_ns=lambda: self.core.loop_ns,
             pid=os.getpid(),
         )
         if own.start():
-            self.own = own
+            self.own = self.core.own = own
             self.routing.mint_own(own.mint, self.config.broker_mint_max_ids)
 
     def start_watermark(self) -> None:
@@ -503,115 +438,33 @@ class Node:
 
         watermark = Watermark(self.config, open_store=open_store)
         if watermark.start():
-            self.watermark = watermark
+            self.watermark = self.core.watermark = watermark
             self.routing.watermark = watermark
 
-    def workers_settled(self) -> bool:
-        """Every worker process of this node is connected and holds all its worker IDs.
-        Read from the broker's own worker ID's thread: a snapshot of the links (taken
-        under the GIL), never a lock the loop would wait for."""
-        from .own import workers_settled
-
-        return workers_settled(self.routing.links.values(), len(self.supervisor.procs), self.config.ids_per_worker)
-
-    def own_entry(self) -> dict:
-        """This node's membership entry as of now."""
-        routing = self.routing
-        worker_ids = sorted(
-            {h.worker_id for link in routing.links.values() for h in link.status.held if h.worker_id is not None}
-            | set(self.own.worker_ids() if self.own is not None else ())
-        )
+    def door_status(self) -> dict:
+        """The doors' parts of STATUS."""
         return {
-            **self.entry,
-            "store_id": self.store_id(),
-            "fast_port": self.fast.port if self.fast is not None else None,
-            "http_port": self.http.port if self.http is not None else None,
-            "worker_ids": worker_ids,
-            "in_rotation": bool(routing.rotation) and routing.veto is None,
-            "clock_offsets_ms": {
-                ep: round(o["offset_s"] * 1000, 3) for ep, o in (self.peers.describe() if self.peers else {}).items()
-            },
-            # Why this node refuses claims, if it does (the store went back): `accept-restore`
-            # reads it here, from etcd, where it cannot ask a node that takes only CURVE clients.
-            "store_problem": next(
-                (link.status.store_problem for link in routing.links.values() if link.status.store_problem), None
-            ),
+            "fast_port": self.fast.describe() if self.fast is not None else None,
+            "http_port": self.http.describe() if self.http is not None else None,
         }
-
-    def store_id(self) -> str | None:
-        """The identity of the store this node's worker IDs come from (its genesis record's,
-        made with the store), once this node has read it; None before. Two nodes that answer
-        for one region with different ones are two homes of that region (see store/home.py)."""
-        if self._store_id is None:
-            for part in (self.own, self.watermark):
-                genesis = getattr(getattr(part, "store", None), "genesis", None)
-                if genesis is not None and genesis.store_id:
-                    self._store_id = genesis.store_id
-                    break
-            else:
-                if self.config.embedded:
-                    self._store_id = home.embedded_store_id(self.config.state_dir)
-        return self._store_id
-
-    def nodes(self) -> dict:
-        """The answer to NODES: the cluster's live nodes as this node last read them."""
-        own = self.own_entry()
-        # The answering node's own fast port: a client reaches it at the host it reached this node on.
-        fast = self.fast.port if self.fast is not None else None
-        http = own["http_port"]
-        if self.membership is None:
-            return {"cluster": None, "nodes": [own], "fast_port": fast, "http_port": http}
-        return {
-            "cluster": self.config.cluster,
-            "nodes": self.membership.view(own),
-            "fast_port": fast,
-            "http_port": http,
-        }
-
-    def follow_membership(self, ready: Readiness) -> None:
-        """Publish our entry; measure clocks against every other registered node."""
-        if self.membership is None:
-            return
-        self.membership.publish(self.own_entry())
-        others = [
-            n["endpoints"][0]
-            for n in self.membership.nodes
-            if n.get("node") != self.membership.name
-            and isinstance(n.get("endpoints"), list)
-            and n["endpoints"]
-            and protocol.endpoint_problem(n["endpoints"][0]) is None  # etcd contents are input too
-        ]
-        peers = self.peers
-        # set_peers closes the sockets of peers that left, and a descriptor a closed one
-        # gave up may come back as a new one's: every peer leaves the epoll set first.
-        for sock in peers.sockets:
-            ready.remove_zmq(sock)
-        peers.set_peers([*self.config.peers, *others], complete=self.membership.read_ns is not None)
-        for sock in peers.sockets:
-            ready.add_zmq(sock)
 
     def describe(self) -> dict:
-        """The broker's part of STATUS."""
-        config = self.config
-        return {
-            "pid": os.getpid(),
-            "bind": self.front.endpoint() if self.front else config.bind,
-            "mode": "embedded" if config.embedded else "etcd",
-            "cluster": None if config.embedded else config.cluster,
-            "store_id": self.store_id(),
-            **self.supervisor.describe(),
-            "mints_up_to": config.broker_mint_max_ids if self.own is not None else 0,
-            "fast_port": self.fast.describe() if self.fast else None,
-            "http_port": self.http.describe() if self.http else None,
-            "own_worker_id": self.own.describe() if self.own is not None else None,
-            # The peers' verdict on this node's clock (None: nobody judges it).
-            "clock": self.peers.verdict.to_dict() if self.peers is not None else None,
-            "watermark": (
-                self.watermark.describe(time.time_ns() // 1_000_000 - config.layout.epoch_ms)
-                if self.watermark is not None
-                else None
-            ),
-        }
+        """The broker's part of STATUS (the core's)."""
+        return self.core.describe()
+
+
+def _rewire_peers(ready: Readiness, peers: PeerClocks | None, change) -> None:
+    """Change the peer set with every peer socket out of the epoll set: ``set_peers`` closes
+    the sockets of peers that left, and a descriptor a closed one gave up may come back as
+    a new one's."""
+    if peers is None:
+        change()
+        return
+    for sock in peers.sockets:
+        ready.remove_zmq(sock)
+    change()
+    for sock in peers.sockets:
+        ready.add_zmq(sock)
 
 
 def open_doors(
