@@ -114,7 +114,8 @@ class Config:
     sequence_bits: int = setting(12, "Bits of per-millisecond sequence.", metavar="BITS")
     shard_bits: int = setting(
         0,
-        "High bits ahead of the timestamp holding a hash of the worker ID (0: none); time_bits shrink to match.",
+        "High bits ahead of the timestamp holding a hash of the worker ID (0: none). The widths sum to 63, so "
+        "take these bits from another one: --shard-bits 3 --time-bits 38.",
         metavar="BITS",
     )
 

@@ -209,7 +209,13 @@ class Layout:
             widths = f"{self.time_bits}+{self.region_bits}+{self.worker_bits}+{self.sequence_bits}"
             if self.shard_bits:
                 widths = f"{self.shard_bits}+{widths}"
-            raise ConfigError(f"layout widths must sum to {ID_BITS} (bit 63 stays 0), got {widths}={total}")
+            off = abs(total - ID_BITS)
+            bits = f"{off} bit{'s' if off > 1 else ''}"
+            if total > ID_BITS:
+                fix = f"{bits} too many: give time_bits {self.time_bits - off} (or take them from another width)"
+            else:
+                fix = f"{bits} short: give time_bits {self.time_bits + off} (or give them to another width)"
+            raise ConfigError(f"layout widths must sum to {ID_BITS} (bit 63 stays 0), got {widths}={total}; {fix}")
 
     # Shifts and limits, derived. Properties keep the dataclass's fields exactly the
     # numbers that define a layout, which is what nodes compare.
@@ -377,7 +383,9 @@ class Layout:
     @property
     def uuid_tag(self) -> int:
         """The 12 bits (``rand_a``) every UUID of this layout carries: the first three hex
-        digits of :meth:`digest`. A UUID with another tag was made with another layout."""
+        digits of the SHA-256 of ``epoch_ms=E,region_bits=R,sequence_bits=S,shard_bits=H,
+        time_bits=T,worker_bits=W`` (:data:`UUID_TAG_FIELDS`, always these six). A UUID with
+        another tag was made with another layout."""
         return _uuid_tag(self)
 
     def to_uuid(self, id_: int) -> _uuid.UUID:
@@ -495,9 +503,15 @@ class Layout:
 DEFAULT_LAYOUT = Layout()
 
 
+#: The fields the UUID layout tag hashes, in this order, whatever fields layouts gain later:
+#: a tag must not change, or every UUID made before would stop reading.
+UUID_TAG_FIELDS = ("epoch_ms", "region_bits", "sequence_bits", "shard_bits", "time_bits", "worker_bits")
+
+
 @functools.lru_cache(maxsize=64)
 def _uuid_tag(layout: Layout) -> int:
-    return int(layout.digest()[:3], 16)
+    text = ",".join(f"{name}={getattr(layout, name)}" for name in UUID_TAG_FIELDS)
+    return int(hashlib.sha256(text.encode("ascii")).hexdigest()[:3], 16)
 
 
 def decode(id_: int | str, layout: Layout = DEFAULT_LAYOUT) -> Decoded:

@@ -218,3 +218,26 @@ def test_decode_refuses_a_bad_form_with_one_line_and_goes_on(bad, needle, capsys
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("snowfence: ") and needle in lines[0], err
     assert "not a snowfence ID" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["decode", "serve"])
+def test_the_shard_bits_help_gives_a_layout_the_command_takes(command, capsys, monkeypatch):
+    # The help's own example of shard bits, as given, is a layout the command accepts.
+    import re
+
+    monkeypatch.setenv("COLUMNS", "400")  # no line breaks inside a flag
+    status, out, _ = run([command, "--help"], capsys)
+    assert status == 0
+    text = " ".join(out.split())
+    help_text = text[text.index("--shard-bits BITS ", text.index("--shard-bits BITS]") + 1) :]
+    example = re.search(r"--shard-bits (\d+) --time-bits (\d+)", help_text)
+    assert example, help_text[:300]
+    shard, time_bits = example.groups()
+    status, out, err = run(["decode", "--shard-bits", shard, "--time-bits", time_bits, str(1 << 40)], capsys)
+    assert status == 0 and "shard=" in out, err
+
+
+def test_shard_bits_alone_is_refused_with_the_widths_to_give_back(capsys):
+    status, out, err = run(["decode", "--shard-bits", "3", "1"], capsys)
+    assert status == 78 and not out and len(err.splitlines()) == 1, err
+    assert "3+41+3+7+12=66" in err and "3 bits too many" in err and "time_bits 38" in err, err

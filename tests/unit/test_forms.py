@@ -62,6 +62,49 @@ def test_the_default_layouts_uuid_is_the_documented_bit_placement():
     assert L.from_uuid(u) == L.from_uuid(str(u)) == L.from_uuid(u.hex) == id_
 
 
+def tag_by_the_rule(epoch_ms, time_bits, region_bits, worker_bits, sequence_bits, shard_bits) -> int:
+    """The layout tag as the ID forms' rule in docs/GUIDE.md defines it, written from the rule alone:
+    the first 12 bits of the SHA-256 of the ASCII text of the six widths and the epoch, in
+    this order, as decimal numbers."""
+    import hashlib
+
+    text = (
+        f"epoch_ms={epoch_ms},region_bits={region_bits},sequence_bits={sequence_bits},"
+        f"shard_bits={shard_bits},time_bits={time_bits},worker_bits={worker_bits}"
+    )
+    return int.from_bytes(hashlib.sha256(text.encode("ascii")).digest()[:2], "big") >> 4
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        (DEFAULT_EPOCH_MS, 41, 3, 7, 12, 0),
+        (DEFAULT_EPOCH_MS, 39, 3, 7, 12, 2),
+        (0, 61, 0, 0, 2, 0),
+        (1_700_000_000_000, 38, 4, 8, 10, 3),
+        (DEFAULT_EPOCH_MS, 30, 16, 10, 1, 6),
+    ],
+)
+def test_the_layout_tag_is_the_documented_rule(fields):
+    assert Layout(*fields).uuid_tag == tag_by_the_rule(*fields)
+
+
+def test_a_field_added_to_layouts_leaves_every_tag_as_it_was():
+    # "Servers may add fields": a layout with one more field (at any value) keeps the tag its
+    # six numbers give, so UUIDs made before the field was added still read.
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(Layout):
+        something_new: int = 5
+
+    for fields in [(DEFAULT_EPOCH_MS, 41, 3, 7, 12, 0), (DEFAULT_EPOCH_MS, 39, 3, 7, 12, 2)]:
+        wider = Wider(*fields)
+        assert wider.uuid_tag == Layout(*fields).uuid_tag == tag_by_the_rule(*fields)
+        id_ = wider.compose(1000, 1, 2, 3)
+        assert Layout(*fields).from_uuid(wider.to_uuid(id_)) == id_
+
+
 def test_with_shard_bits_the_shard_sits_just_below_the_tag_and_zeros():
     L = Layout(time_bits=39, shard_bits=2)
     id_ = L.compose(1000, 3, 5, 7)
@@ -307,7 +350,7 @@ def test_the_guide_shows_the_forms_as_they_are():
     assert f"# {id_}  2026-12-01T01:21:07.486Z  region=0 worker=1 sequence=0" in section
     canonical = re.search(r"`(epoch_ms=\d+,[a-z_=0-9,]+)`", section).group(1)
     assert hashlib.sha256(canonical.encode()).hexdigest()[:3] == f"{DEFAULT_LAYOUT.uuid_tag:03x}"
-    assert f"whose tag is `{DEFAULT_LAYOUT.uuid_tag:03x}`" in section
+    assert f"and the tag `{DEFAULT_LAYOUT.uuid_tag:03x}`" in section
     assert "`0123456789ABCDEFGHJKMNPQRSTVWXYZ`" in section
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert f"snowfence decode {DEFAULT_LAYOUT.to_uuid(id_)} " in readme and f"snowfence decode {id_} --json" in readme
