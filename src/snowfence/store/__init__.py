@@ -11,13 +11,29 @@ from collections.abc import Callable
 from ..config import Config
 from .base import Lease, Store
 from .genesis import Genesis
+from .journal import Journal
 
-__all__ = ["Lease", "Store", "journal_name", "open_store", "read_genesis"]
+__all__ = ["Lease", "Store", "journal_name", "open_journal", "open_store", "read_genesis"]
 
 
 def journal_name(config: Config) -> str:
     """The journal file of an etcd cluster, in the node's state directory."""
     return f"etcd-{config.cluster}"
+
+
+def open_journal(config: Config, journal: bool = True) -> Journal | None:
+    """The journal a store of ``config`` is opened with: this node's (in ``journal_path``),
+    named for the store. The one rule for both stores, decided here and nowhere else:
+
+    - the file store always has it: its state directory is the node's own, and every read of
+      it is checked against the journal (``journal=False`` changes nothing);
+    - the etcd store has it unless ``journal`` is False (an operator's command, run away
+      from the node's state directory, reads the store with no journal), and a mark that
+      went back there means the whole store did (only a restore gives a key an older
+      revision)."""
+    if config.embedded:
+        return Journal(config.journal_path, "embedded")
+    return Journal(config.journal_path, journal_name(config), marks_store_wide=True) if journal else None
 
 
 def open_store(
@@ -29,14 +45,13 @@ def open_store(
     etcd_client: Callable[[], object] | None = None,
 ) -> Store:
     """The lease store the configuration names, opened with every setting the node
-    accepts, and this node's journal of it (``journal=False``: none, as an operator's
-    command run away from the node's state directory reads the store).
+    accepts, and this node's journal of it (:func:`open_journal`: ``journal=False``
+    opens the etcd store with none, as an operator's command run away from the node's
+    state directory reads it).
 
     Every holder opens its store here: the workers, the broker's own worker ID,
     ``snowfence accept-restore`` and the simulator, which passes its clocks and
     ``etcd_client`` (what builds the etcd client library's client)."""
-    from .journal import Journal
-
     if config.embedded:
         from .files import FileStore
 
@@ -44,11 +59,11 @@ def open_store(
             config.state_dir,
             config.layout,
             config.region,
+            journal=open_journal(config, journal),
             allow_unsafe_filesystem=config.allow_unsafe_filesystem,
             window_ms=config.store_window_ms,
             max_ahead_ms=config.max_ahead_ms,
             wall_ns=wall_ns,
-            journal=Journal(config.journal_path, "embedded") if journal else None,
         )
     from .etcd import EtcdStore
 
@@ -56,7 +71,7 @@ def open_store(
         config,
         mono_ns=mono_ns,
         wall_ns=wall_ns,
-        journal=Journal(config.journal_path, journal_name(config), marks_store_wide=True) if journal else None,
+        journal=open_journal(config, journal),
         build_client=etcd_client,
     )
 

@@ -388,10 +388,10 @@ class FileStore(Store):
         layout: Layout,
         region: int,
         *,
+        journal: Journal,
         allow_unsafe_filesystem: bool = False,
         window_ms: int = 5000,
         max_ahead_ms: int = 1000,
-        journal: Journal | None = None,
         wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.root = Path(state_dir)
@@ -420,8 +420,9 @@ class FileStore(Store):
         except OSError as exc:
             raise StateDirError(f"state directory {self.root} is not usable: {exc.strerror or exc}") from None
         self._check_filesystem(allow_unsafe_filesystem)
-        #: The witness outside the store's records: shared by the processes on this state directory.
-        self.journal = journal if journal is not None else Journal(self.root / "journal", "embedded")
+        #: The witness outside the store's records: shared by the processes on this state directory
+        #: (``open_store`` decides which, as it does for the etcd store).
+        self.journal = journal
 
     def _check_filesystem(self, allowed: bool) -> None:
         fstype = filesystems.filesystem_type(self.dir)
@@ -597,7 +598,7 @@ class FileStore(Store):
                 #: saw minted (an older copy put back): a sign the store went back.
                 self.marks_behind = []
                 for region, worker_id, _, _ in marks:
-                    if self.journal is None or region != self.region:
+                    if region != self.region:
                         continue
                     try:
                         mark = self.mark(worker_id)
@@ -1116,8 +1117,7 @@ class FileStore(Store):
         self.watermark_low = watermark.lowest(floors, now_ms, 0)
         if not watermark.holds(wanted, floors, now_ms, 0):
             return promised
-        if self.journal is not None:
-            self.journal.note_watermark(wanted)  # before it is answered: this node's claims never forget it
+        self.journal.note_watermark(wanted)  # before it is answered: this node's claims never forget it
         return wanted
 
     def describe(self) -> dict:

@@ -8,10 +8,10 @@ import textwrap
 
 import orjson
 import pytest
+from filerig import file_store
 
 from snowfence.errors import LayoutMismatch, StateDirError
 from snowfence.ids import DEFAULT_LAYOUT, Layout
-from snowfence.store.files import FileStore
 
 HOLDER = "test"
 
@@ -24,7 +24,7 @@ def at_epoch(layout) -> dict:
 
 
 def store(tmp_path, region=0, layout=DEFAULT_LAYOUT):
-    s = FileStore(tmp_path, layout, region, **at_epoch(layout))
+    s = file_store(tmp_path, layout, region, **at_epoch(layout))
     s.check_layout(layout)
     return s
 
@@ -35,7 +35,8 @@ def hold_in_child(tmp_path, worker_id):
         import sys, time
         from snowfence.ids import DEFAULT_LAYOUT
         from snowfence.store.files import FileStore
-        s = FileStore({str(tmp_path)!r}, DEFAULT_LAYOUT, 0)
+        from snowfence.store.journal import Journal
+        s = FileStore({str(tmp_path)!r}, DEFAULT_LAYOUT, 0, journal=Journal({str(tmp_path / "journal")!r}, "embedded"))
         lease = s.try_claim({worker_id}, "child", None)
         assert lease is not None
         lease.extend(lease.reserved_until_ms + 123456)
@@ -115,11 +116,11 @@ def test_foreign_layout_is_refused(tmp_path):
     store(tmp_path)
     other = Layout(time_bits=41, region_bits=2, worker_bits=8, sequence_bits=12)
     with pytest.raises(LayoutMismatch) as info:
-        FileStore(tmp_path, other, 0).check_layout(other)
+        file_store(tmp_path, other, 0).check_layout(other)
     assert "region" in str(info.value) and "will not start" in str(info.value)
     other_epoch = Layout(epoch_ms=0)
     with pytest.raises(LayoutMismatch):
-        FileStore(tmp_path, other_epoch, 0).check_layout(other_epoch)
+        file_store(tmp_path, other_epoch, 0).check_layout(other_epoch)
 
 
 def test_unreadable_mark_refuses_rather_than_guesses(tmp_path):
@@ -139,7 +140,7 @@ def test_unusable_state_dir_is_a_named_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(StateDirError):
-        FileStore(blocker / "state", DEFAULT_LAYOUT, 0)
+        file_store(blocker / "state", DEFAULT_LAYOUT, 0)
 
 
 def test_mark_file_is_replaced_atomically(tmp_path):

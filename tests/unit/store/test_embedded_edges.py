@@ -17,12 +17,14 @@ import subprocess
 
 import orjson
 import pytest
+from filerig import file_store
 
 from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
 from snowfence.store import files as embedded
 from snowfence.store import filesystems
 from snowfence.store.files import FileStore
+from snowfence.store.journal import Journal
 from snowfence.store.preference import PreferenceFile, embedded_namespace, node_key
 
 HOLDER = "node-a:41:slot0"
@@ -37,7 +39,7 @@ def at_epoch(layout) -> dict:
 
 
 def store(tmp_path) -> FileStore:
-    s = FileStore(tmp_path, DEFAULT_LAYOUT, 0, **at_epoch(DEFAULT_LAYOUT))
+    s = file_store(tmp_path, DEFAULT_LAYOUT, 0, **at_epoch(DEFAULT_LAYOUT))
     s.check_layout(DEFAULT_LAYOUT)
     return s
 
@@ -79,7 +81,7 @@ def refuse_to_remove_temp_files(monkeypatch) -> None:
 
 def held_by_another(s: FileStore, worker_id: int) -> bool:
     """Whether a second open of the lock file finds it locked (flocks are per open file)."""
-    other = FileStore(s.root, s.layout, s.region)
+    other = file_store(s.root, s.layout, s.region)
     fd = other._lock(other.paths(worker_id)[0], create=False)
     if fd is None:
         return True
@@ -272,7 +274,7 @@ def test_a_release_at_the_mark_keeps_it_and_one_below_lowers_it(tmp_path):
 def test_a_state_dir_under_a_file_is_not_usable_and_says_why(tmp_path):
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(StateDirError) as info:
-        FileStore(tmp_path / "file" / "state", DEFAULT_LAYOUT, 0)
+        file_store(tmp_path / "file" / "state", DEFAULT_LAYOUT, 0, journal=Journal(tmp_path / "journal", "embedded"))
     assert str(info.value) == f"state directory {tmp_path / 'file' / 'state'} is not usable: Not a directory"
 
 
@@ -283,13 +285,13 @@ def test_an_unsafe_filesystem_is_refused_with_the_ways_out_or_allowed_with_a_war
         "exclusive across processes and hosts, so two nodes could mint as one worker ID"
     )
     with pytest.raises(ConfigError) as info:
-        FileStore(tmp_path, DEFAULT_LAYOUT, 0)
+        file_store(tmp_path, DEFAULT_LAYOUT, 0)
     assert str(info.value) == (
         f"{what}; use a local filesystem (ext4, xfs, btrfs, tmpfs), or etcd mode, or set "
         "--allow-unsafe-filesystem true if this filesystem's flock is known to be exclusive"
     )
     caplog.set_level(logging.INFO, logger="snowfence.embedded")
-    FileStore(tmp_path, DEFAULT_LAYOUT, 0, allow_unsafe_filesystem=True)
+    file_store(tmp_path, DEFAULT_LAYOUT, 0, allow_unsafe_filesystem=True)
     [record] = [r for r in caplog.records if getattr(r, "event", None) == "unsafe_filesystem_allowed"]
     assert record.levelno == logging.WARNING
     assert record.getMessage() == f"{what}; allowed by allow_unsafe_filesystem"
@@ -299,7 +301,7 @@ def test_an_unsafe_filesystem_is_refused_with_the_ways_out_or_allowed_with_a_war
 def test_a_layout_file_that_does_not_say_the_whole_layout_is_unreadable_not_the_default(tmp_path, content):
     (tmp_path / "layout.json").write_bytes(content)
     with pytest.raises(StateDirError) as info:
-        FileStore(tmp_path, DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
+        file_store(tmp_path, DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
     assert str(info.value).startswith(f"{tmp_path / 'layout.json'} is unreadable: ")
     assert (tmp_path / "layout.json").read_bytes() == content  # changed nothing
 
@@ -308,25 +310,25 @@ def test_a_layout_file_from_before_shard_bits_reads_as_no_shard_bits(tmp_path):
     doc = DEFAULT_LAYOUT.to_dict()
     del doc["shard_bits"]
     (tmp_path / "layout.json").write_bytes(orjson.dumps(doc))
-    FileStore(tmp_path, DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
+    file_store(tmp_path, DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
     with pytest.raises(LayoutMismatch):
-        FileStore(tmp_path, Layout(shard_bits=2, time_bits=39), 0).check_layout(Layout(shard_bits=2, time_bits=39))
+        file_store(tmp_path, Layout(shard_bits=2, time_bits=39), 0).check_layout(Layout(shard_bits=2, time_bits=39))
 
 
 def test_layout_errors_name_the_file_and_the_layouts(tmp_path, monkeypatch):
 
     other = Layout(DEFAULT_LAYOUT.epoch_ms + 1)
     fresh = tmp_path / "fresh"
-    FileStore(fresh, other, 0).check_layout(other)
+    file_store(fresh, other, 0).check_layout(other)
     with pytest.raises(LayoutMismatch) as info:
-        FileStore(fresh, DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
+        file_store(fresh, DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
     assert str(info.value) == (
         f"state directory {fresh} was created for layout [{other.describe()}] but this node is configured for "
         f"[{DEFAULT_LAYOUT.describe()}]; IDs from two layouts could collide, so this node will not start"
     )
 
     failing = tmp_path / "failing"
-    s = FileStore(failing, DEFAULT_LAYOUT, 0)
+    s = file_store(failing, DEFAULT_LAYOUT, 0)
     fail_for(monkeypatch, "link", lambda p: os.fspath(p).endswith(".tmp"))
     with pytest.raises(StateDirError) as info:
         s.check_layout(DEFAULT_LAYOUT)
@@ -336,7 +338,7 @@ def test_layout_errors_name_the_file_and_the_layouts(tmp_path, monkeypatch):
 
     monkeypatch.setattr(FileStore, "read_genesis", lambda self: None)
     with pytest.raises(StateDirError) as info:
-        FileStore(tmp_path / "vanishing", DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
+        file_store(tmp_path / "vanishing", DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
     assert str(info.value) == f"{tmp_path / 'vanishing' / 'layout.json'} vanished right after it was recorded"
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 from fakeclock import FakeClock
+from filerig import file_store
 
 from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
@@ -39,7 +40,7 @@ def at_epoch(layout) -> dict:
 
 
 def store(tmp_path, layout=DEFAULT_LAYOUT) -> FileStore:
-    s = FileStore(tmp_path, layout, 0, **at_epoch(layout))
+    s = file_store(tmp_path, layout, 0, **at_epoch(layout))
     s.check_layout(layout)
     return s
 
@@ -388,7 +389,7 @@ def test_a_mark_from_before_checksums_is_accepted_if_consistent_and_rewritten_wi
 
 def test_layout_is_created_exclusively_so_a_racing_node_reads_the_winner_back(tmp_path, monkeypatch):
     other = Layout(time_bits=41, region_bits=2, worker_bits=8, sequence_bits=12)
-    s = FileStore(tmp_path, DEFAULT_LAYOUT, 0)
+    s = file_store(tmp_path, DEFAULT_LAYOUT, 0)
     real_read = FileStore.read_genesis
     calls = []
 
@@ -396,7 +397,7 @@ def test_layout_is_created_exclusively_so_a_racing_node_reads_the_winner_back(tm
         calls.append(self)
         if len(calls) == 1:
             # Both nodes found no layout; the other one records its layout first.
-            FileStore(tmp_path, other, 0).check_layout(other)
+            file_store(tmp_path, other, 0).check_layout(other)
             return None
         return real_read(self)
 
@@ -416,7 +417,7 @@ def test_of_many_threads_racing_on_fresh_directories_exactly_one_layout_wins_eac
 
     def racer(k):
         for i, d in enumerate(dirs):
-            s = FileStore(d, layouts[k], 0)
+            s = file_store(d, layouts[k], 0)
             barrier.wait()
             try:
                 s.check_layout(layouts[k])
@@ -435,7 +436,7 @@ def test_of_many_threads_racing_on_fresh_directories_exactly_one_layout_wins_eac
 def test_an_unreadable_layout_file_is_a_state_dir_error(tmp_path):
     (tmp_path / "layout.json").write_bytes(b'{"epoch_ms": ')
     with pytest.raises(StateDirError):
-        FileStore(tmp_path, DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
+        file_store(tmp_path, DEFAULT_LAYOUT, 0).check_layout(DEFAULT_LAYOUT)
 
 
 # -- the filesystem -----------------------------------------------------------------------------
@@ -445,12 +446,12 @@ def test_a_state_dir_on_a_filesystem_without_exclusive_flock_is_refused_unless_a
     assert isinstance(filesystems.filesystem_type(tmp_path), int)  # the real statfs answers
     monkeypatch.setattr(filesystems, "filesystem_type", lambda path: 0x6969)
     with pytest.raises(ConfigError) as info:
-        FileStore(tmp_path, DEFAULT_LAYOUT, 0)
+        file_store(tmp_path, DEFAULT_LAYOUT, 0)
     assert not isinstance(info.value, StateDirError)  # a configuration error: exit 78, not 73
     assert "NFS" in str(info.value) and "--allow-unsafe-filesystem" in str(info.value)
-    FileStore(tmp_path, DEFAULT_LAYOUT, 0, allow_unsafe_filesystem=True)
+    file_store(tmp_path, DEFAULT_LAYOUT, 0, allow_unsafe_filesystem=True)
     monkeypatch.setattr(filesystems, "filesystem_type", lambda path: 0xEF53)  # ext4
-    FileStore(tmp_path, DEFAULT_LAYOUT, 0)
+    file_store(tmp_path, DEFAULT_LAYOUT, 0)
 
 
 # -- preference files -----------------------------------------------------------------------------
@@ -701,7 +702,9 @@ def test_a_worker_id_seen_held_and_then_found_with_no_record_waits_out_its_holde
     now = [0]
     holder = store(state).try_claim(0, HOLDER, None)
     wipe(state)
-    claimer = FileStore(state, DEFAULT_LAYOUT, 0, max_ahead_ms=1000, window_ms=1000, wall_ns=lambda: now[0] * 1_000_000)
+    claimer = file_store(
+        state, DEFAULT_LAYOUT, 0, max_ahead_ms=1000, window_ms=1000, wall_ns=lambda: now[0] * 1_000_000
+    )
     now[0] = DEFAULT_LAYOUT.epoch_ms + 50_000
     claimer.check_layout(DEFAULT_LAYOUT)
     assert claimer.genesis.quarantine_until_ms == 51_000

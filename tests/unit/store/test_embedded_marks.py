@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from filerig import file_store
 
 from snowfence.errors import WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT
-from snowfence.store.files import FileStore, Mark, mark_checksum
+from snowfence.store.files import Mark, mark_checksum
 
 EPOCH = DEFAULT_LAYOUT.epoch_ms
 
@@ -21,7 +22,7 @@ def at_epoch(layout) -> dict:
 
 
 def store(tmp_path):
-    s = FileStore(tmp_path, DEFAULT_LAYOUT, 0, **at_epoch(DEFAULT_LAYOUT))
+    s = file_store(tmp_path, DEFAULT_LAYOUT, 0, **at_epoch(DEFAULT_LAYOUT))
     s.check_layout(DEFAULT_LAYOUT)
     return s
 

@@ -9,6 +9,7 @@ import orjson
 import pytest
 from etcdrig import Etcd, claim
 from fakeclock import FakeClock
+from filerig import file_store
 
 from snowfence.errors import WatermarkRecordUnreadable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
@@ -114,7 +115,7 @@ def test_raise_floor_stops_at_the_reservation():
 def test_the_keeper_publishes_the_minters_last_millisecond_with_the_extension(tmp_path):
     clock = FakeClock()
     # A store whose nodes reserve 1 s ahead: a new one waits 1 s, within the keeper's extension.
-    s = FileStore(tmp_path, DEFAULT_LAYOUT, 0, wall_ns=clock.wall_ns, window_ms=1000)
+    s = file_store(tmp_path, DEFAULT_LAYOUT, 0, wall_ns=clock.wall_ns, window_ms=1000)
     s.check_layout(DEFAULT_LAYOUT)
     lease = s.try_claim(0, HOLDER, None)
     minter = clock.minter()
@@ -141,7 +142,7 @@ class Files:
         self.clock.advance_ms(10_000)
 
     def open(self) -> FileStore:
-        s = FileStore(self.root, DEFAULT_LAYOUT, 0, wall_ns=self.clock.wall_ns)
+        s = file_store(self.root, DEFAULT_LAYOUT, 0, wall_ns=self.clock.wall_ns)
         s.check_layout(DEFAULT_LAYOUT)
         return s
 
@@ -214,7 +215,7 @@ def test_a_released_holder_holds_nothing_back(tmp_path):
 
 def test_a_file_store_promises_nothing_before_it_has_outlived_its_window(tmp_path):
     clock = FakeClock()
-    s = FileStore(tmp_path, DEFAULT_LAYOUT, 0, wall_ns=clock.wall_ns)
+    s = file_store(tmp_path, DEFAULT_LAYOUT, 0, wall_ns=clock.wall_ns)
     s.check_layout(DEFAULT_LAYOUT)
     now = clock.wall_ms - DEFAULT_LAYOUT.epoch_ms
     assert s.watermark_round(now, 0) == 0
@@ -341,7 +342,7 @@ def test_with_a_wide_worker_field_a_round_reads_the_worker_ids_that_have_files(t
     clock = FakeClock()
 
     def open_store():
-        s = FileStore(tmp_path, layout, 0, wall_ns=clock.wall_ns)
+        s = file_store(tmp_path, layout, 0, wall_ns=clock.wall_ns)
         s.check_layout(layout)
         return s
 
