@@ -12,6 +12,7 @@ import time
 import pytest
 from nodes import wait_for
 from test_edges import run_snowfence
+from test_operations import get, health
 
 from snowfence import Client
 from snowfence.errors import HandshakeRefused, Timeout
@@ -87,7 +88,7 @@ def test_the_allow_list_changes_without_a_restart(nodes, keys, tmp_path):
         bind="tcp://127.0.0.1:0",
         args=(
             "--curve-secret-key", str(keys / "server.key_secret"), "--curve-allow", str(allow),
-            "--curve-allow-poll-s", str(POLL_S),
+            "--curve-allow-poll-s", str(POLL_S), "--metrics-bind", "127.0.0.1:0",
         ),
     )  # fmt: skip
     endpoint = node.wait_bound()
@@ -117,6 +118,16 @@ def test_the_allow_list_changes_without_a_restart(nodes, keys, tmp_path):
         assert not served(endpoint, server, keys / "carol.key_secret", timeout_s=0.5)
         with pytest.raises(Timeout):  # on the connection made before: her requests go unanswered
             carol.reserve(1)
+        # Dropped by the routing core's gate, and counted: in STATUS and in the metrics.
+        with Client(endpoint, timeout_s=2.0, discover=False, server_key=str(server),
+                    client_key=str(keys / "alice.key_secret")) as c:  # fmt: skip
+            assert c.status()["broker"]["counters"]["revoked_dropped"] >= 1
+        metrics = health(node)
+        wait_for(
+            lambda: re.search(r'snowfence_requests_dropped_total\{why="revoked"\} [1-9]', get(metrics, "/metrics")[1]),
+            5,
+            what="the revoked key's requests in the metrics",
+        )
         # A list that cannot be read leaves the last one in force, said once.
         (allow / "broken.key").write_text("not a certificate\n")
         wait_for(lambda: "event=curve_allow_unreadable" in node.log(), 5, what="the unreadable list logged")

@@ -273,7 +273,7 @@ def test_a_fast_port_that_stops_answering_sends_the_client_back_to_zeromq(nodes,
 def test_a_zeromq_peer_that_claims_a_fast_connections_address_is_not_answered(nodes):
     import zmq
 
-    node = start(nodes)
+    node = start(nodes, "--metrics-bind", "127.0.0.1:0")
     with raw_connection(node) as fast:
         fast.sendall(protocol.encode_stream(protocol.encode_reserve(5, 1)))
         (body,) = read_bodies(fast, 1)
@@ -293,7 +293,14 @@ def test_a_zeromq_peer_that_claims_a_fast_connections_address_is_not_answered(no
             fast.recv(64)  # nor did the fast connection get anything it did not ask for
     with node.client() as c:
         assert c.reserve(1)[0].count == 1
-        assert c.status()["broker"]["counters"]["bad_request"] >= 1
+        counters = c.status()["broker"]["counters"]
+        assert counters["impostors"] == 1 and counters["bad_request"] >= 1
+    addr = health(node)
+    wait_for(  # the metrics are a snapshot of at most a second ago
+        lambda: 'snowfence_requests_dropped_total{why="impostor"} 1.0' in get(addr, "/metrics")[1],
+        5,
+        what="the impostor in the metrics",
+    )
 
 
 def test_a_node_with_a_fast_port_stops_cleanly_on_sigterm_with_a_connection_open(nodes):

@@ -494,6 +494,8 @@ def open_doors(
             live_pids=live_pids,
             metrics=metrics,
         )
+        if curve is not None and curve.gatekeeper is not None:
+            routing.gate.allow_list = curve.gatekeeper  # keys taken off the list: their requests dropped
         front.serve(routing)
         bind, with_curve = front.endpoint(), bool(config.curve_secret_key)
         where = fast_address(config.fast_bind, bind, with_curve)

@@ -138,6 +138,16 @@ class Metrics:
             ref.add_metric([reason], t[f"refused_{reason}"])
         fams.append(ref)
         counter("snowfence_retries", "Refused requests the broker sent to another worker.", rc["retried"])
+        dropped = CounterMetricFamily(
+            "snowfence_requests_dropped",
+            "ZeroMQ requests the broker's gate dropped unanswered, by why: the connection's CURVE key was taken "
+            "off the allow-list after it connected (revoked), or the peer set itself the address of one of the "
+            "broker's own connections (impostor, counted as a bad_request too).",
+            labels=["why"],
+        )
+        dropped.add_metric(["revoked"], rc.get("revoked_dropped", 0))
+        dropped.add_metric(["impostor"], rc.get("impostors", 0))
+        fams.append(dropped)
         bad = CounterMetricFamily(
             "snowfence_worker_states_unread",
             "STATE frames from workers not as this version writes them: ignored (bad), or read but for keys "

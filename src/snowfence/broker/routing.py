@@ -80,6 +80,7 @@ from ..errors import BadRequest, ClockUnsafe, Overloaded, SnowfenceError, Unavai
 from ..logs import event
 from ..refusals import refusal_for
 from .fair import Conn, FairQueue
+from .gate import Gate
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -255,6 +256,9 @@ class Routing:
             "watermark": 0,
             "watermark_unavailable": 0,
         }
+        #: Which ZeroMQ clients' requests are dropped before the intake (revoked keys,
+        #: impostors), counted in ``counters``: the ZeroMQ front asks it of each.
+        self.gate = Gate(self.counters)
         self._next_bad_state_log_ns = 0
         self.max_inflight = config.max_inflight_per_client
         #: The broker's own minting (:meth:`mint_own`): plain requests of up to

@@ -8,8 +8,8 @@ and written by the broker's own loop: no thread in between on either end.
 
 A fast connection is a client connection like any other to the routing core: it
 gets a routing address of its own (``b"\\x00"`` + 8 bytes, ``addresses.py``; libzmq's
-own ids are 5 bytes, and the ZeroMQ front drops requests from a peer that set itself
-an id of this form), so fair shares, the in-flight limit and ``overloaded``, the peer clock
+own ids are 5 bytes, and the routing core's gate drops requests from a ZeroMQ peer
+that set itself an id of this form), so fair shares, the in-flight limit and ``overloaded``, the peer clock
 veto, the broker's own minting, retries on another worker and the metrics apply
 to it unchanged. What it lacks is CURVE: a node with CURVE has no fast port
 (``Config.fast_bind``).

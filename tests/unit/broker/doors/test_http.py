@@ -689,7 +689,7 @@ def test_the_router_sends_replies_for_http_addresses_to_the_door_and_refuses_zer
         while router.core.counters["bad_request"] == before and time.monotonic() < deadline:
             router.on_frontend()
             time.sleep(0.01)
-        assert router.core.counters["bad_request"] == before + 1
+        assert router.core.counters["bad_request"] == before + 1 and router.core.counters["impostors"] == 1
         worker.close()
     finally:
         poser.close(0)

@@ -148,7 +148,7 @@ def test_the_frontend_and_the_fast_port_hand_every_request_to_the_cores_one_inta
         fast_addrs = {addr for _, addr, body in seen if protocol.request_id_of(body) > 2}
         assert len(fast_addrs) == 1 and fast_addrs <= set(fast.by_addr)
         counters = router.core.counters
-        assert counters["requests"] == 4 and counters["bad_request"] == 1
+        assert counters["requests"] == 4 and counters["bad_request"] == 1 and counters["impostors"] == 1
         work = [protocol.split_routed(frame) for [frame] in recv_all(worker)[1:]]  # after the clock's verdict
         assert sorted(protocol.plain_reserve(body) for _, _, body in work) == [(1, 5), (3, 7), (4, 7)]
         assert router.core.queued_ns[0].counts[0] == 3  # each sent to the worker at once: waited 0 s
