@@ -123,6 +123,12 @@ def importers_of(target: str) -> set[str]:
         # The routing core has no sockets (the router's are its adapter) and asks
         # nothing of the workers' package (the refusals both answer with are shared).
         ("snowfence.broker.routing", "zmq"),
+        # The routing core's gate and the HTTP door's requests decide without a socket.
+        ("snowfence.broker.gate", "zmq"),
+        ("snowfence.broker.gate", "socket"),
+        ("snowfence.broker.doors.http_requests", "socket"),
+        ("snowfence.broker.doors.http_requests", "select"),
+        ("snowfence.broker.doors.addresses", "socket"),
         ("snowfence.broker.routing", "snowfence.workers"),
         # The supervisor is driven by the broker's loop and knows nothing of it.
         ("snowfence.broker.supervisor", "snowfence.broker.main"),
