@@ -94,9 +94,9 @@ def _client_main(conn, spec_dict: dict, index: int) -> None:
     import zmq
     import zmq.backend
 
-    # Started with SIGINT blocked (see run): a terminal's Ctrl-C is the parent's to act on.
+    # Started with SIGINT ignored (see run), and it stays so: a terminal's Ctrl-C is the
+    # parent's to act on.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     spec = BenchSpec(**spec_dict)
     time_shift = spec.layout["sequence_bits"] + spec.layout["worker_bits"] + spec.layout["region_bits"]
     max_ms = (1 << spec.layout["time_bits"]) - 1
@@ -315,19 +315,23 @@ def run(spec: BenchSpec, progress=None) -> dict:
     pipes, procs = [], []
     # The handler only records Ctrl-C; the loop below acts on it.
     interrupts: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupts.append(time.monotonic_ns()))
-    # Children start with SIGINT blocked (a blocked signal stays blocked across exec),
-    # so none can die of one before it ignores it; one that came meanwhile reaches us here.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        for i in range(spec.clients):
-            parent, child = mp.Pipe()
-            p = mp.Process(target=_client_main, args=(child, asdict(spec), i), daemon=True)
+    def record(signum, frame) -> None:
+        interrupts.append(time.monotonic_ns())
+
+    previous = signal.signal(signal.SIGINT, record)
+    # Children start with SIGINT ignored: an ignored signal stays ignored across exec (a
+    # blocked one does not: the interpreter a spawn starts unblocks it), so none can die
+    # of a Ctrl-C while it starts and imports. Ours is ignored only while each is made.
+    for i in range(spec.clients):
+        parent, child = mp.Pipe()
+        p = mp.Process(target=_client_main, args=(child, asdict(spec), i), daemon=True)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
             p.start()
-            pipes.append(parent)
-            procs.append(p)
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        finally:
+            signal.signal(signal.SIGINT, record)
+        pipes.append(parent)
+        procs.append(p)
     try:
         for conn in pipes:
             while not conn.poll(0.1):
