@@ -181,7 +181,7 @@ def test_the_node_logs_a_client_it_turned_away(allow_node, keys):
         time.sleep(0.05)
 
 
-def test_a_curve_node_has_no_fast_port(allow_node, keys):
+def test_a_curve_node_has_no_fast_port_and_no_http_door(allow_node, keys):
     server_key = read_keys(keys / "server.key")["public-key"]
     alice = pair_of(keys / "alice.key_secret")
     assert allow_node.endpoint.startswith("tcp://")  # a tcp:// bind, which has one without CURVE
@@ -189,6 +189,8 @@ def test_a_curve_node_has_no_fast_port(allow_node, keys):
     nodes = answered(allow_node, server_key, alice, sfwire.nodes(5)).json
     assert status["broker"]["fast_port"] is None
     assert nodes["fast_port"] is None and [n["fast_port"] for n in nodes["nodes"]] == [None]
+    assert status["broker"]["http_port"] is None
+    assert nodes["http_port"] is None and [n["http_port"] for n in nodes["nodes"]] == [None]
 
 
 def test_without_an_allow_list_any_key_pair_with_the_server_key_gets_in(start_node, tmp_path, keys):
@@ -202,11 +204,14 @@ def test_without_an_allow_list_any_key_pair_with_the_server_key_gets_in(start_no
         srv.kill()
 
 
-def test_a_node_with_curve_and_a_fixed_fast_port_refuses_to_start(keys, tmp_path, unused_port):
+@pytest.mark.parametrize("flag, needle", [("--fast-bind", "fast"), ("--http-bind", "http")])
+def test_a_node_with_curve_and_a_fixed_fast_port_or_http_door_refuses_to_start(
+    keys, tmp_path, unused_port, flag, needle
+):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNOWFENCE_")}
     cmd = [sys.executable, "-m", "snowfence", "serve", "--bind", f"ipc://{tmp_path}/sf.sock"]
     cmd += ["--state-dir", str(tmp_path / "state"), "--workers", "1"]
-    cmd += ["--curve-secret-key", str(keys / "server.key_secret"), "--fast-bind", f"127.0.0.1:{unused_port()}"]
+    cmd += ["--curve-secret-key", str(keys / "server.key_secret"), flag, f"127.0.0.1:{unused_port()}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=30, start_new_session=True)
     assert proc.returncode == 78, (proc.returncode, proc.stderr)
-    assert "fast" in proc.stderr.lower()
+    assert needle in proc.stderr.lower() and "Traceback" not in proc.stderr

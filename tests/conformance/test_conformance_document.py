@@ -69,9 +69,35 @@ def test_the_sketch_is_the_documented_shape(sketch):
     assert sketch["broker"]["fast_port"] is not None and sketch["broker"]["own_worker_id"] is not None
 
 
-def test_every_field_of_the_status_sketch_is_where_the_sketch_puts_it(sketch, start_node, unused_port, tmp_path):
-    # A node like the sketch's: one worker, its own worker ID, a fast port.
-    srv = start_node(tmp_path, workers=1, args=("--fast-bind", f"127.0.0.1:{unused_port()}"))
+#: Where the sketches show every field of the reply (elsewhere, "at least" these fields:
+#: the per-worker, per-slot and counter objects grow as diagnostics do).
+COMPLETE = {
+    "STATUS": ("", ".broker", ".broker.fast_port", ".broker.http_port", ".layout"),
+    "NODES": ("", ".nodes[0]"),
+}
+
+
+def at(value, path: str):
+    """The value at ``path`` (``.broker.fast_port``, ``.nodes[0]``); {} where there is none."""
+    for part in re.findall(r"\.(\w+)|\[(\d+)\]", path):
+        try:
+            value = value[part[0]] if part[0] else value[int(part[1])]
+        except (KeyError, IndexError, TypeError):
+            return {}
+    return value
+
+
+def unsketched(sketch: dict, real: dict, paths: tuple[str, ...]) -> list[str]:
+    """The keys of the real reply the sketch does not show, at the paths where it shows them all."""
+    return [f"{path}.{key}" for path in paths for key in at(real, path) if key not in at(sketch, path)]
+
+
+@pytest.fixture(scope="module")
+def like_the_sketches(start_node, unused_port, tmp_path_factory):
+    """A node like the sketches': one worker, its own worker ID, a fast port and an HTTP door;
+    its STATUS and NODES replies once its own worker ID is held."""
+    args = ("--fast-bind", f"127.0.0.1:{unused_port()}", "--http-bind", f"127.0.0.1:{unused_port()}")
+    srv = start_node(tmp_path_factory.mktemp("sketch"), workers=1, args=args)
     try:
         deadline = time.monotonic() + 10
         while (status := srv.status())["broker"]["own_worker_id"] is None or not status["broker"]["own_worker_id"].get(
@@ -79,12 +105,65 @@ def test_every_field_of_the_status_sketch_is_where_the_sketch_puts_it(sketch, st
         ):
             assert time.monotonic() < deadline, "the broker claimed no worker ID of its own"
             time.sleep(0.1)
-        assert status["broker"]["fast_port"] is not None
-        missing: list[str] = []
-        where(sketch, status, "", missing)
-        assert missing == [], missing
+        sock = sfwire.connect(srv.ctx, srv.endpoint)
+        try:
+            nodes = sfwire.request(sock, sfwire.nodes(srv.request_id())).json
+        finally:
+            sock.close(0)
+        yield status, nodes
     finally:
         srv.kill()
+
+
+@pytest.fixture(scope="module")
+def nodes_sketch() -> dict:
+    [block] = code_blocks(section("### NODES (0x04) and NODES_REPLY (0x84)"), "json")
+    return json.loads(block)
+
+
+def test_every_field_of_the_status_sketch_is_where_the_sketch_puts_it(sketch, like_the_sketches):
+    status, _ = like_the_sketches
+    assert status["broker"]["fast_port"] is not None and status["broker"]["http_port"] is not None
+    missing: list[str] = []
+    where(sketch, status, "", missing)
+    assert missing == [], missing
+
+
+def test_the_status_sketch_shows_every_field_of_the_reply(sketch, like_the_sketches):
+    status, _ = like_the_sketches
+    found = unsketched(sketch, status, COMPLETE["STATUS"])
+    assert found == [], f"fields of STATUS_REPLY the sketch does not show: {found}"
+
+
+def test_every_field_of_the_nodes_sketch_is_where_the_sketch_puts_it(nodes_sketch, like_the_sketches):
+    _, nodes = like_the_sketches
+    # clock_offsets_ms is keyed by the peers' endpoints (the real node has no peers).
+    shape = json.loads(json.dumps(nodes_sketch))
+    shape["nodes"][0]["clock_offsets_ms"] = {}
+    missing: list[str] = []
+    where(shape, nodes, "", missing)
+    assert missing == [], missing
+    found = unsketched(nodes_sketch, nodes, COMPLETE["NODES"])
+    assert found == [], f"fields of NODES_REPLY the sketch does not show: {found}"
+
+
+def test_every_field_of_the_sketches_is_described_in_the_text(sketch, nodes_sketch):
+    # Each key the sketches show in full is named in backquotes in its section's prose.
+    for title, shown, paths in (
+        ("### STATUS (0x02) and STATUS_REPLY (0x82)", sketch, COMPLETE["STATUS"]),
+        ("### NODES (0x04) and NODES_REPLY (0x84)", nodes_sketch, COMPLETE["NODES"]),
+    ):
+        prose = re.sub(r"^```.*?^```", "", section(title), flags=re.S | re.M)
+        keys = {key for path in paths for key in at(shown, path)}
+        undescribed = sorted(k for k in keys if f"`{k}`" not in prose)
+        assert undescribed == [], f"{title}: fields the text does not name: {undescribed}"
+
+
+def test_the_document_links_the_http_door_and_the_id_forms():
+    text = DOC.read_text()
+    assert "(HTTP.md)" in text and "(GUIDE.md#id-forms-uuidv7-and-base32)" in text
+    curve = section("## Encryption and authentication (CURVE)")
+    assert "no HTTP door" in curve and "`http_port` are null" in curve and "--http-bind" in curve
 
 
 # -- RESERVE with AFTER, byte by byte --------------------------------------------------------------

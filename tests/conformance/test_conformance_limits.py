@@ -195,6 +195,23 @@ def test_a_bad_length_loses_every_request_in_flight_on_that_connection(node, fix
     assert ask(node, sfwire.reserve(9, WORKER_COUNT)).block[1] >= 1
 
 
+def test_a_zeromq_message_over_64_kib_loses_every_request_in_flight_on_that_connection(node):
+    sock = sfwire.connect(node.ctx, node.endpoint, timeout_ms=3000)
+    try:
+        with worker_stopped(node):
+            for i in range(1, 6):
+                sock.send(sfwire.reserve(i, WORKER_COUNT))
+            time.sleep(0.05)  # read and sent to the (stopped) worker: in flight
+            sock.send(sfwire.reserve(6, 1) + b"\x00" * sfwire.MAX_MESSAGE)
+            time.sleep(0.1)  # the broker's transport drops it and closes the connection
+        # The worker answers 1..5 once it runs again; the connection they came on is gone.
+        assert not sock.poll(1000), sfwire.recv_frames(sock)
+        # The DEALER reconnects by itself, as a new connection that is served.
+        assert sfwire.request(sock, sfwire.reserve(7, 1)).block[1] == 1
+    finally:
+        sock.close(0)
+
+
 # -- requests in flight per connection ----------------------------------------------------------
 
 
@@ -224,6 +241,11 @@ def test_the_request_after_1024_in_flight_on_a_connection_is_overloaded_and_the_
     finally:
         sock.close(0)
         conn.close()
+
+
+def test_status_tells_the_in_flight_limit(server, hlc_node):
+    assert server.ready_status["broker"]["max_inflight_per_client"] == IN_FLIGHT
+    assert hlc_node.ready_status["broker"]["max_inflight_per_client"] == HLC_IN_FLIGHT
 
 
 def test_the_in_flight_limit_is_max_inflight_per_client(hlc_node):
@@ -315,6 +337,18 @@ def test_a_token_within_max_step_back_ms_is_waited_for_and_one_beyond_is_token_a
     start = time.monotonic()
     error_of(ask(node, sfwire.reserve_after(2, 1, token_ahead_by(layout, 2 * STEP_BACK_MS))), "token_ahead", 2)
     assert time.monotonic() - start < 0.3  # at once, not after the 400 ms the token is ahead
+
+
+def test_token_ahead_says_when_the_token_comes_within_reach(node, hlc_node):
+    # retry_after_ms: about how far the token is ahead, less the wait (wait) or the run ahead
+    # (hlc) the node allows it; never more than the token is ahead, at least 1.
+    for srv, allowed_ms in ((node, STEP_BACK_MS), (hlc_node, 300)):
+        layout = sfwire.Layout.of(srv.ready_status)
+        for ahead_ms in (allowed_ms + 400, allowed_ms + 5000):
+            err = error_of(ask(srv, sfwire.reserve_after(1, 1, token_ahead_by(layout, ahead_ms))), "token_ahead", 1)
+            hint = err.get("retry_after_ms")
+            assert type(hint) is int, err
+            assert ahead_ms - allowed_ms - 100 <= hint <= ahead_ms - allowed_ms + 1, (ahead_ms, err)
 
 
 def test_the_default_token_wait_is_10_ms(server, layout):

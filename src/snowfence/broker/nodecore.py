@@ -317,6 +317,7 @@ class NodeCore:
             "store_id": self.store_id(),
             **self.supervisor.describe(),
             "mints_up_to": config.broker_mint_max_ids if self.own is not None else 0,
+            "max_inflight_per_client": config.max_inflight_per_client,
             "fast_port": doors.get("fast_port"),
             "http_port": doors.get("http_port"),
             "own_worker_id": self.own.describe() if self.own is not None else None,

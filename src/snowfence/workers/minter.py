@@ -47,6 +47,16 @@ class WouldWait(Exception):
     its clock behind: nothing changed, and the request belongs to a minter that may."""
 
 
+def _token_ahead(ahead_ms: int, allowed_ms: int, how: str) -> TokenAhead:
+    """A causal token ``ahead_ms`` ahead of the clock, beyond the ``allowed_ms`` the minter
+    follows it: ``retry_after_ms`` is when the clock will have come within reach of it."""
+    err = TokenAhead(
+        f"the causal token is {ahead_ms} ms ahead of this worker's clock (more than the {allowed_ms} ms {how})"
+    )
+    err.retry_after_ms = ahead_ms - allowed_ms
+    return err
+
+
 class Minter:
     """Mints blocks for one worker ID. Not thread-safe: one caller at a time."""
 
@@ -251,10 +261,7 @@ class Minter:
         refused = self._report_step_back(now, self.max_ahead_ms)
         if ahead > self.max_ahead_ms:
             if ms == floor_ms and not refused:
-                raise TokenAhead(
-                    f"the causal token is {floor_ms - now} ms ahead of this worker's clock "
-                    f"(more than {self.max_ahead_ms} ms)"
-                )
+                raise _token_ahead(floor_ms - now, self.max_ahead_ms, "it may run ahead")
             self.clock_unsafe = True
             raise ClockUnsafe(
                 f"the logical clock would run {ahead} ms ahead of the wall clock "
@@ -272,10 +279,7 @@ class Minter:
         """
         last = self.last_ms
         if floor_ms - now > self.max_step_back_ms:
-            raise TokenAhead(
-                f"the causal token is {floor_ms - now} ms ahead of this worker's clock "
-                f"(more than the {self.max_step_back_ms} ms it may wait)"
-            )
+            raise _token_ahead(floor_ms - now, self.max_step_back_ms, "it may wait")
         if self._report_step_back(now, self.max_step_back_ms):
             self.clock_unsafe = True
             raise ClockUnsafe(

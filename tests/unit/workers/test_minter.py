@@ -716,8 +716,10 @@ def test_wait_policy_waits_for_a_floor_up_to_max_step_back_ahead(ahead, ok):
         first, _ = m.reserve(1, floor_ms=floor)
         assert ms_of(first) == floor and clock.slept_s == 0.010
     else:
-        with pytest.raises(TokenAhead, match="is 11 ms ahead of this worker's clock"):
+        with pytest.raises(TokenAhead, match="is 11 ms ahead of this worker's clock") as refused:
             m.reserve(1, floor_ms=floor)
+        assert refused.value.retry_after_ms == 1  # then 10 ms ahead: within the wait
+        assert refused.value.to_wire()["retry_after_ms"] == 1
 
 
 def test_refusing_a_large_step_back_says_by_how_much():
@@ -774,9 +776,9 @@ def test_hlc_follows_a_floor_up_to_max_ahead_ms_and_no_further(ahead, ok):
         first, _ = m.reserve(1, floor_ms=floor)
         assert ms_of(first) == floor and m.waits["ahead"] == 1
     else:
-        with pytest.raises(TokenAhead, match="is 101 ms ahead of this worker's clock"):
+        with pytest.raises(TokenAhead, match="is 101 ms ahead of this worker's clock") as refused:
             m.reserve(1, floor_ms=floor)
-        assert not m.clock_unsafe
+        assert not m.clock_unsafe and refused.value.retry_after_ms == 1
 
 
 def test_hlc_counts_every_time_it_runs_ahead():
