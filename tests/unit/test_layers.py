@@ -250,3 +250,22 @@ def test_only_the_socket_adapters_import_zmq():
     assert importers_of("zmq") <= SOCKET_ADAPTERS, importers_of("zmq") - SOCKET_ADAPTERS
     assert "snowfence.workers.core" not in importers_of("zmq")
     assert "snowfence.broker.routing" not in importers_of("zmq")
+
+
+def test_a_node_s_processes_import_no_client_and_the_package_still_names_every_client():
+    """The package names its clients lazily: a worker process (and the broker) starts without
+    importing them, or asyncio, and ``from snowfence import Client`` still works."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, snowfence.workers.main; "
+        "print(sorted(m for m in sys.modules if m.startswith('snowfence.clients') or m == 'asyncio'))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    names = "from snowfence import AsyncClient, Block, Client, Watermark, as_array, as_numpy; import snowfence; "
+    names += "print(snowfence.Client.__module__); snowfence.nosuch"
+    p = subprocess.run([sys.executable, "-c", names], capture_output=True, text=True)
+    assert p.stdout.strip() == "snowfence.clients.blocking", p
+    assert "AttributeError: module 'snowfence' has no attribute 'nosuch'" in p.stderr, p.stderr
