@@ -30,6 +30,28 @@ def pytest_cmdline_main(config) -> None:
         config.option.dist = "no"
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    # The test processes share the work test by test (`--dist loadgroup`), so that one long
+    # file does not hold the run back; tests that share something made once are kept on one
+    # process: the conformance suite (its servers are made once per process), and each
+    # module whose tests share a module fixture (a node, a built client, an installed venv).
+    for item in items:
+        group = _shared_with(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_with(item) -> str | None:
+    """The group a test must run in (with the others sharing what it uses), or None."""
+    if "conformance" in item.path.parts:
+        return "conformance"
+    defs = getattr(item, "_fixtureinfo", None)
+    for fixturedefs in (defs.name2fixturedefs.values() if defs else ()):
+        if fixturedefs and fixturedefs[-1].scope in ("module", "package"):
+            return item.nodeid.split("::")[0]
+    return None
+
+
 def pytest_configure(config) -> None:
     # Every process that runs tests (an xdist worker, or the only process) moves into a
     # network namespace of its own before it starts anything; the xdist controller runs none.
