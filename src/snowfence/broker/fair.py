@@ -1,6 +1,6 @@
 """Fair sharing of a saturated node between client connections.
 
-The router places a request at a worker at once when one has room. When none
+The routing core places a request at a worker at once when one has room. When none
 has, the request waits here, in a queue of its own connection, and the
 connections with work waiting take turns by deficit round robin weighed by IDs
 (Shreedhar and Varghese's DRR): at each turn a connection earns ``QUANTUM`` IDs
@@ -43,7 +43,7 @@ class Conn:
         self.inflight = 0
         #: IDs those requests ask for.
         self.ids = 0
-        #: Requests waiting for a worker: (meta, body, count, ...); the router may add
+        #: Requests waiting for a worker: (meta, body, count, ...); the routing core may add
         #: fields of its own after the count (when it queued the request).
         self.queue: deque[tuple] = deque()
         #: IDs it may still send in its turn (deficit round robin).

@@ -3,7 +3,7 @@
 Workers report monotonic counts in every STATE frame; the broker adds up the
 increments, so its counters keep rising across worker restarts (a new worker
 process starts from zero under a new identity). The same goes for the minting
-time histograms; the queueing time histograms are the router's own. Gauges
+time histograms; the queueing time histograms are the routing core's own. Gauges
 come from the latest STATE of each worker. The broker's loop builds a snapshot
 every ``SNAPSHOT_INTERVAL_NS``; the HTTP thread only ever reads the latest one,
 so it never touches state the loop is changing. ``process_*`` (the standard
@@ -106,15 +106,15 @@ class Metrics:
         self._last_hist.pop(ident, None)
         self._last_mint.pop(ident, None)
 
-    def maybe_snapshot(self, now_ns: int, router, restarts: int, kills: int = 0) -> None:
+    def maybe_snapshot(self, now_ns: int, routing, restarts: int, kills: int = 0) -> None:
         if now_ns < self._next_ns:
             return
         self._next_ns = now_ns + SNAPSHOT_INTERVAL_NS
-        self.families = self.build(router, restarts, kills)
+        self.families = self.build(routing, restarts, kills)
         self.snapshot_ns = now_ns
 
-    def build(self, router, restarts: int, kills: int = 0) -> list:
-        t, rc = self.totals, router.counters
+    def build(self, routing, restarts: int, kills: int = 0) -> list:
+        t, rc = self.totals, routing.counters
         fams = []
 
         def counter(name, doc, value, labels=None):
@@ -180,7 +180,7 @@ class Metrics:
             _by_kind(
                 "snowfence_request_queued_seconds",
                 "Time a request waited in the broker for a worker with room (0 if one had room at once).",
-                router.queued_ns,
+                routing.queued_ns,
             )
         )
         fams.append(
@@ -213,12 +213,12 @@ class Metrics:
         counter("snowfence_worker_kills", "Silent worker processes killed by the supervisor.", kills)
         counter("snowfence_loop_stalls", "Worker IDs given up because their minting loop stalled.", t["loop_stalls"])
         gauge_conns = GaugeMetricFamily("snowfence_connections", "Client connections with requests in flight.")
-        gauge_conns.add_metric([], router.active_connections())
+        gauge_conns.add_metric([], routing.active_connections())
         fams.append(gauge_conns)
         gauge_wait = GaugeMetricFamily(
             "snowfence_requests_waiting", "Requests waiting in the broker for a worker with room."
         )
-        gauge_wait.add_metric([], len(router.fair))
+        gauge_wait.add_metric([], len(routing.fair))
         fams.append(gauge_wait)
 
         states = Counter()
@@ -243,7 +243,7 @@ class Metrics:
             labels=["slot"],
         )
         holders = []
-        for link in router.links.values():
+        for link in routing.links.values():
             st = link.status
             ahead.add_metric([str(link.slot)], st.clock_ahead_ms / 1000)
             if not st.held:  # a worker process without one counts as one in its state
@@ -266,7 +266,7 @@ class Metrics:
             ws.add_metric([state], states[state])
         fams.append(ws)
         rot = GaugeMetricFamily("snowfence_workers_in_rotation", "Worker processes the broker routes to.")
-        rot.add_metric([], len(router.rotation))
+        rot.add_metric([], len(routing.rotation))
         fams.append(rot)
         kc = read_kernel_clock()
         if kc is not None:
@@ -298,7 +298,7 @@ class Metrics:
             for why in ("bad_frame", "not_reading", "too_many"):
                 closed.add_metric([why], stats[why])
             fams.append(closed)
-        watermark = getattr(router, "watermark", None)
+        watermark = getattr(routing, "watermark", None)
         if watermark is not None:
             lag = GaugeMetricFamily(
                 "snowfence_watermark_lag_seconds",
@@ -336,14 +336,14 @@ class Metrics:
             for name in CLOCK_VERDICTS:
                 verdict.add_metric([name], 1 if name == state else 0)
             fams.extend([off, rtt, verdict])
-        self.ready = bool(router.rotation) and router.accepting and router.veto is None
+        self.ready = bool(routing.rotation) and routing.accepting and routing.veto is None
         if self.ready:
             self.ready_reason = "ready"
         else:
-            if router.veto:
-                self.ready_reason = router.veto
+            if routing.veto:
+                self.ready_reason = routing.veto
             else:
-                why = router.why_none_ready()
+                why = routing.why_none_ready()
                 code = getattr(why, "code", None)
                 self.ready_reason = f"{code}: {why}" if code else str(why)
         return fams
