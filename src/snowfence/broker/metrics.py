@@ -122,6 +122,12 @@ class Metrics:
             fam.add_metric(list((labels or {}).values()), value)
             fams.append(fam)
 
+        def by_why(name, doc, values):
+            fam = CounterMetricFamily(name, doc, labels=["why"])
+            for why, value in values.items():
+                fam.add_metric([why], value)
+            fams.append(fam)
+
         counter("snowfence_ids", "IDs minted and sent.", t["ids"])
         req = CounterMetricFamily("snowfence_requests", "Requests answered, by result.", labels=["result"])
         for result, value in (
@@ -138,25 +144,19 @@ class Metrics:
             ref.add_metric([reason], t[f"refused_{reason}"])
         fams.append(ref)
         counter("snowfence_retries", "Refused requests the broker sent to another worker.", rc["retried"])
-        dropped = CounterMetricFamily(
+        by_why(
             "snowfence_requests_dropped",
             "ZeroMQ requests the broker's gate dropped unanswered, by why: the connection's CURVE key was taken "
             "off the allow-list after it connected (revoked), or the peer set itself the address of one of the "
             "broker's own connections (impostor, counted as a bad_request too).",
-            labels=["why"],
+            {"revoked": rc.get("revoked_dropped", 0), "impostor": rc.get("impostors", 0)},
         )
-        dropped.add_metric(["revoked"], rc.get("revoked_dropped", 0))
-        dropped.add_metric(["impostor"], rc.get("impostors", 0))
-        fams.append(dropped)
-        bad = CounterMetricFamily(
+        by_why(
             "snowfence_worker_states_unread",
             "STATE frames from workers not as this version writes them: ignored (bad), or read but for keys "
             "it does not know (unknown_keys, a worker of another version).",
-            labels=["why"],
+            {"bad": rc.get("bad_state", 0), "unknown_keys": rc.get("state_unknown_keys", 0)},
         )
-        bad.add_metric(["bad"], rc.get("bad_state", 0))
-        bad.add_metric(["unknown_keys"], rc.get("state_unknown_keys", 0))
-        fams.append(bad)
         waits = CounterMetricFamily("snowfence_waits", "Waits inside the minter, by cause.", labels=["cause"])
         waits.add_metric(["step_back"], t["waits_step_back"])
         waits.add_metric(["sequence"], t["waits_sequence"])
