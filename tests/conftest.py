@@ -46,7 +46,7 @@ def _shared_with(item) -> str | None:
     if "conformance" in item.path.parts:
         return "conformance"
     defs = getattr(item, "_fixtureinfo", None)
-    for fixturedefs in (defs.name2fixturedefs.values() if defs else ()):
+    for fixturedefs in defs.name2fixturedefs.values() if defs else ():
         if fixturedefs and fixturedefs[-1].scope in ("module", "package"):
             return item.nodeid.split("::")[0]
     return None
