@@ -315,6 +315,7 @@ def run(spec: BenchSpec, progress=None) -> dict:
     pipes, procs = [], []
     # The handler only records Ctrl-C; the loop below acts on it.
     interrupts: list[int] = []
+
     def record(signum, frame) -> None:
         interrupts.append(time.monotonic_ns())
 
