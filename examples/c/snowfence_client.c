@@ -4,6 +4,8 @@
  *
  *     snowfence_client ENDPOINT N          e.g.  snowfence_client tcp://127.0.0.1:5555 10000
  *     snowfence_client ENDPOINT --nodes    prints the NODES reply: the cluster's live nodes (JSON)
+ *     snowfence_client --driver            the conformance suite's driver protocol on stdin and
+ *                                          stdout (tests/conformance/README.md)
  *
  * A minimal client of the wire protocol in docs/PROTOCOL.md (version 1), in
  * C99 with libzmq and libc (POSIX sockets) only. It keeps one RESERVE request
@@ -369,6 +371,10 @@ enum outcome {
     FAILED   /* give up: a non-retriable error or a protocol violation */
 };
 
+/* The last ERROR the server sent, for the driver's answer ("" for none). */
+static char last_code[64];
+static int last_retriable;
+
 /* Reads the ERROR body `p` of `size` bytes: reports it; RETRY or FAILED by its flag. */
 static enum outcome on_error(const unsigned char *p, size_t size)
 {
@@ -386,6 +392,8 @@ static enum outcome on_error(const unsigned char *p, size_t size)
     const char *retriable = json_member(json, "retriable");
     int retry = retriable != NULL && strncmp(retriable, "true", 4) == 0;
     fprintf(stderr, "%s: server error %s (%s): %s\n", prog, code, retry ? "retriable" : "not retriable", message);
+    snprintf(last_code, sizeof last_code, "%s", code);
+    last_retriable = retry;
     free(json);
     return retry ? RETRY : FAILED;
 }
@@ -527,15 +535,174 @@ static int parse_count(const char *s, uint64_t *out)
     return 0;
 }
 
+/* What to do with each block granted: IDs first .. first+count-1. */
+typedef int (*emit_fn)(uint64_t first, uint32_t count, void *arg);
+
+/* Reserves `remaining` IDs, one RESERVE at a time (at most 4,096 each), handing each block
+ * to `emit`; 0 when all were granted, 1 otherwise (the blocks emitted are valid). */
+static int reserve_ids(struct client *c, uint64_t remaining, emit_fn emit, void *arg)
+{
+    if (remaining > 0)
+        find_fast_port(c);
+    int status = 0, attempts = 0;
+    long backoff_ms = BACKOFF_MS;
+    while (remaining > 0) {
+        uint32_t want = remaining < MAX_COUNT ? (uint32_t)remaining : MAX_COUNT;
+        uint64_t first = 0;
+        uint32_t count = 0;
+        enum outcome r = reserve_once(c, want, &first, &count);
+        if (r == GRANTED) {
+            /* count may be less than asked (a partial grant): ask again for the rest. */
+            if (emit(first, count, arg) != 0)
+                return 1;
+            remaining -= count;
+            attempts = 0;
+            backoff_ms = BACKOFF_MS;
+            continue;
+        }
+        if (r == AGAIN) /* at most once: the fast connection is gone for good */
+            continue;
+        if (r == FAILED || ++attempts >= MAX_ATTEMPTS) {
+            if (r == RETRY)
+                fprintf(stderr, "%s: giving up after %d attempts\n", prog, attempts);
+            status = 1;
+            break;
+        }
+        sleep_ms(backoff_ms);
+        backoff_ms *= 2;
+    }
+    if (c->fast >= 0) {
+        close(c->fast);
+        c->fast = -1;
+    }
+    return status;
+}
+
+static int print_ids(uint64_t first, uint32_t count, void *arg)
+{
+    (void)arg;
+    for (uint32_t i = 0; i < count; i++)
+        printf("%" PRIu64 "\n", first + i);
+    return 0;
+}
+
+/* -- the conformance suite's driver protocol ----------------------------------------------- */
+
+/* The blocks of one reservation, kept until the answer is written. */
+struct blocks {
+    uint64_t *first;
+    uint32_t *count;
+    size_t n, cap;
+};
+
+static int keep_block(uint64_t first, uint32_t count, void *arg)
+{
+    struct blocks *b = arg;
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 64;
+        uint64_t *f = realloc(b->first, cap * sizeof *f);
+        if (f != NULL)
+            b->first = f;
+        uint32_t *k = realloc(b->count, cap * sizeof *k);
+        if (k != NULL)
+            b->count = k;
+        if (f == NULL || k == NULL) {
+            fprintf(stderr, "%s: out of memory\n", prog);
+            return 1;
+        }
+        b->cap = cap;
+    }
+    b->first[b->n] = first;
+    b->count[b->n++] = count;
+    return 0;
+}
+
+/* One case of the driver protocol (one JSON object on a line): performs it and writes its
+ * answer, one JSON line. Cases: "reserve" (with "count") and "nodes"; any other case, or a
+ * reserve with "after" (this client sends no causal tokens), is answered unsupported. */
+static void drive_one(const char *line)
+{
+    char kase[32], endpoint[1024], id[32] = "null";
+    const char *v = json_member(line, "id");
+    if (v != NULL && *v >= '0' && *v <= '9') {
+        size_t n = strspn(v, "0123456789");
+        if (n < sizeof id) {
+            memcpy(id, v, n);
+            id[n] = '\0';
+        }
+    }
+    json_string(json_member(line, "case"), kase, sizeof kase);
+    json_string(json_member(line, "endpoint"), endpoint, sizeof endpoint);
+    printf("{\"id\": %s, ", id);
+    int reserve = strcmp(kase, "reserve") == 0, nodes = strcmp(kase, "nodes") == 0;
+    uint64_t count = 0;
+    if (reserve) {
+        const char *cv = json_member(line, "count");
+        char digits[24] = "";
+        if (cv != NULL)
+            snprintf(digits, sizeof digits, "%.*s", (int)strspn(cv, "0123456789"), cv);
+        if (json_member(line, "after") != NULL || parse_count(digits, &count) != 0)
+            reserve = 0;
+    }
+    if (!reserve && !nodes) {
+        printf("\"unsupported\": true}\n");
+        return;
+    }
+    struct client c = {zmq_ctx_new(), NULL, endpoint, 1, -1};
+    int rc = 1;
+    last_code[0] = '\0';
+    if (c.ctx != NULL && open_socket(&c) == 0) {
+        if (nodes) {
+            size_t size;
+            rc = nodes_once(&c, &size);
+            if (rc == 0)
+                printf("\"nodes\": %s}\n", (const char *)reply + HEADER_SIZE);
+        } else {
+            struct blocks b = {NULL, NULL, 0, 0};
+            rc = reserve_ids(&c, count, keep_block, &b);
+            if (rc == 0) {
+                printf("\"ids\": [");
+                const char *sep = "";
+                for (size_t i = 0; i < b.n; i++)
+                    for (uint32_t k = 0; k < b.count[i]; k++, sep = ", ")
+                        printf("%s\"%" PRIu64 "\"", sep, b.first[i] + k);
+                printf("]}\n");
+            }
+            free(b.first);
+            free(b.count);
+        }
+        close_socket(&c);
+    }
+    if (c.ctx != NULL)
+        zmq_ctx_term(c.ctx);
+    if (rc != 0) /* no ERROR from the server: lost replies, or a protocol violation */
+        printf("\"error\": {\"code\": \"%s\", \"retriable\": %s}}\n", last_code[0] ? last_code : "client",
+               last_code[0] && last_retriable ? "true" : "false");
+}
+
+static int driver(void)
+{
+    static char line[1 << 16];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        drive_one(line);
+        if (fflush(stdout) != 0)
+            return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--driver") == 0)
+        return driver();
     uint64_t remaining = 0;
     int nodes = argc == 3 && strcmp(argv[2], "--nodes") == 0;
     if (argc != 3 || (!nodes && parse_count(argv[2], &remaining) != 0)) {
         fprintf(stderr,
                 "usage: %s ENDPOINT N\n  reserves N IDs and prints one per line\n"
-                "       %s ENDPOINT --nodes\n  prints the cluster's live nodes (JSON)\n",
-                prog, prog);
+                "       %s ENDPOINT --nodes\n  prints the cluster's live nodes (JSON)\n"
+                "       %s --driver\n  the conformance suite's driver protocol on stdin and stdout\n",
+                prog, prog, prog);
         return 2;
     }
 
@@ -558,39 +725,8 @@ int main(int argc, char **argv)
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
 
-    if (remaining > 0)
-        find_fast_port(&c);
+    int status = reserve_ids(&c, remaining, print_ids, NULL);
 
-    int status = 0, attempts = 0;
-    long backoff_ms = BACKOFF_MS;
-    while (remaining > 0) {
-        uint32_t want = remaining < MAX_COUNT ? (uint32_t)remaining : MAX_COUNT;
-        uint64_t first = 0;
-        uint32_t count = 0;
-        enum outcome r = reserve_once(&c, want, &first, &count);
-        if (r == GRANTED) {
-            /* IDs first .. first+count-1; count may be less than asked (a partial grant). */
-            for (uint32_t i = 0; i < count; i++)
-                printf("%" PRIu64 "\n", first + i);
-            remaining -= count;
-            attempts = 0;
-            backoff_ms = BACKOFF_MS;
-            continue;
-        }
-        if (r == AGAIN) /* at most once: the fast connection is gone for good */
-            continue;
-        if (r == FAILED || ++attempts >= MAX_ATTEMPTS) {
-            if (r == RETRY)
-                fprintf(stderr, "%s: giving up after %d attempts\n", prog, attempts);
-            status = 1;
-            break;
-        }
-        sleep_ms(backoff_ms);
-        backoff_ms *= 2;
-    }
-
-    if (c.fast >= 0)
-        close(c.fast);
     close_socket(&c);
     zmq_ctx_term(c.ctx);
     if (fflush(stdout) != 0 || ferror(stdout)) {

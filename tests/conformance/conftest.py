@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -286,3 +287,34 @@ def start_node():
 def unused_port():
     """``unused_port()``: a TCP port of 127.0.0.1 nothing listens on now."""
     return free_port
+
+
+#: The example C client, which the suite builds.
+C_CLIENT_SOURCE = Path(__file__).resolve().parents[2] / "examples" / "c" / "snowfence_client.c"
+
+
+@pytest.fixture(scope="session")
+def c_client(tmp_path_factory) -> Path:
+    """The example C client (examples/c/snowfence_client.c), built with the system compiler
+    (skipped without one, or without libzmq's development files)."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler: `cc` is not on PATH (install gcc or clang)")
+    pkg_config = shutil.which("pkg-config")
+    if pkg_config is None:
+        pytest.skip("pkg-config is not on PATH (needed to find libzmq; install pkg-config)")
+    if subprocess.run([pkg_config, "--exists", "libzmq"]).returncode != 0:
+        pytest.skip("libzmq development files not found by `pkg-config --exists libzmq` (install libzmq3-dev)")
+    flags = subprocess.run(
+        [pkg_config, "--cflags", "--libs", "libzmq"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    out = tmp_path_factory.mktemp("c-client") / "snowfence_client"
+    build = subprocess.run(
+        [cc, "-std=c99", "-O2", "-Wall", "-Wextra", "-o", str(out), str(C_CLIENT_SOURCE), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert build.returncode == 0, f"build failed:\n{build.stderr}"
+    assert "warning" not in build.stderr, f"the example should build without warnings:\n{build.stderr}"
+    return out
