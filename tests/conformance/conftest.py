@@ -27,6 +27,7 @@ import netns
 import pytest
 import sfwire
 import zmq
+from nodes import QUICK_WINDOW, TIMING_FLAGS
 
 #: Every test of this directory gets this timeout (pytest-timeout), well below the global one.
 TEST_TIMEOUT_S = 60
@@ -64,6 +65,9 @@ class Server:
         #: Entries of STATUS ``workers`` when ready: one per worker ID its workers hold.
         self.entries = workers * ids_per_worker
         self.args = list(args) + (["--ids-per-worker", str(ids_per_worker)] if ids_per_worker != 1 else [])
+        # As the harness's nodes: a short window, so a new store's first ID is not 5 s away.
+        if not any(arg.split("=")[0] in TIMING_FLAGS for arg in self.args):
+            self.args += QUICK_WINDOW
         sock_path = directory / "sf.sock"
         assert len(str(sock_path)) <= MAX_IPC_PATH, f"ipc path too long for a Unix socket: {sock_path}"
         self.endpoint = f"ipc://{sock_path}"

@@ -14,6 +14,11 @@ from snowfence.config import Config
 from snowfence.store import open_store
 
 
+#: A short reservation window: a new store waits out its bound (5 s on the defaults) before
+#: its first ID, which none of these tests is about.
+QUICK = {"keepalive_interval_s": 0.2, "reservation_window_s": 0.5, "max_reservation_window_s": 0.5, "max_ahead_ms": 200}
+
+
 def until(predicate, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -29,7 +34,10 @@ def inline(tmp_path):
 
     def make(settled: bool = True, **settings) -> tuple[OwnWorkerId, threading.Event]:
         config = Config(
-            state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", broker_mint_max_ids=64, **settings
+            state_dir=str(tmp_path / "state"),
+            bind="tcp://127.0.0.1:5999",
+            broker_mint_max_ids=64,
+            **{**QUICK, **settings},
         )
         settle = threading.Event()
         if settled:
@@ -109,7 +117,7 @@ def test_stop_releases_the_worker_id_for_the_next_claimer(inline, tmp_path):
 def test_a_store_it_cannot_open_leaves_it_off(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    config = Config(state_dir=str(blocker / "state"), bind="tcp://127.0.0.1:5999")
+    config = Config(state_dir=str(blocker / "state"), bind="tcp://127.0.0.1:5999", **QUICK)
     im = OwnWorkerId(config, open_store=open_store, workers_settled=lambda: True, loop_ns=time.monotonic_ns, pid=1)
     assert not im.start()
     assert im.describe() is None
@@ -147,7 +155,7 @@ def test_a_count_that_raises_anything_changes_nothing_and_its_thread_goes_on(inl
 
 
 def test_counting_stops_where_the_rule_needs_no_more(tmp_path):
-    config = Config(state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999")
+    config = Config(state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", **QUICK)
     store = open_store(config)
     assert store.unheld() == 128 and store.unheld(up_to=2) == 2
 
@@ -166,7 +174,9 @@ def test_the_spare_rule_keeps_one_worker_id_free_for_workers():
 
 
 def test_the_file_store_counts_unheld_worker_ids_by_their_witnesses(tmp_path):
-    config = Config(state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", worker_bits=2, time_bits=46)
+    config = Config(
+        state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", worker_bits=2, time_bits=46, **QUICK
+    )
     store, other = open_store(config), open_store(config)
     assert store.unheld() == 4
     leases = [other.claim(None, "w", 0, 1000) for _ in range(3)]
@@ -184,7 +194,9 @@ def test_a_witness_socket_that_cannot_be_opened_is_a_state_dir_error_and_changes
 
     from snowfence.errors import StateDirError
 
-    config = Config(state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", worker_bits=2, time_bits=46)
+    config = Config(
+        state_dir=str(tmp_path / "state"), bind="tcp://127.0.0.1:5999", worker_bits=2, time_bits=46, **QUICK
+    )
     store = open_store(config)
     assert store.unheld() == 4
 
