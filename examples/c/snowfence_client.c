@@ -61,6 +61,8 @@
 #define TYPE_ERROR 0xFF
 #define HEADER_SIZE 12  /* version:u8 type:u8 flags:u16 request_id:u64 */
 #define RESERVE_SIZE 16 /* header, count:u32 */
+#define RESERVE_AFTER_SIZE 24 /* header, count:u32, after:u64 (flag AFTER) */
+#define FLAG_AFTER 0x0001
 #define BLOCK_SIZE 24   /* header, first:u64, count:u32 */
 #define MAX_COUNT 4096  /* the most IDs one RESERVE may ask for */
 #define MAX_REQUEST 255 /* the largest request body */
@@ -175,6 +177,8 @@ struct client {
     const char *endpoint;
     uint64_t next_request_id; /* fresh and increasing; 0 is never used (errors use it) */
     int fast;                 /* the fast connection's socket, or -1: requests go over ZeroMQ */
+    int has_after;            /* whether every RESERVE carries the causal token `after` (flag AFTER) */
+    uint64_t after;
 };
 
 /* The body of the last reply, whichever way it came (one byte more, for a NUL). */
@@ -401,17 +405,18 @@ static enum outcome on_error(const unsigned char *p, size_t size)
 /* Sends one RESERVE for `want` IDs, on the fast connection if there is one, and reads its reply. */
 static enum outcome reserve_once(struct client *c, uint32_t want, uint64_t *first, uint32_t *count)
 {
-    unsigned char req[RESERVE_SIZE];
+    unsigned char req[RESERVE_AFTER_SIZE];
     uint64_t request_id = c->next_request_id++;
-    size_t size = 0;
+    size_t size = 0, len = c->has_after ? RESERVE_AFTER_SIZE : RESERVE_SIZE;
 
     req[0] = PROTO_VERSION;
     req[1] = TYPE_RESERVE;
-    put_u16(req + 2, 0); /* flags: no AFTER */
+    put_u16(req + 2, c->has_after ? FLAG_AFTER : 0);
     put_u64(req + 4, request_id);
     put_u32(req + 12, want);
-    enum exchange e = c->fast >= 0 ? fast_exchange(c, req, sizeof req, &size)
-                                   : zmq_exchange(c, req, sizeof req, &size);
+    if (c->has_after) /* every ID granted sorts after the token */
+        put_u64(req + 16, c->after);
+    enum exchange e = c->fast >= 0 ? fast_exchange(c, req, len, &size) : zmq_exchange(c, req, len, &size);
     if (e != REPLIED)
         return e == LOST ? RETRY : e == FAST_DOWN ? AGAIN : FAILED;
 
@@ -618,8 +623,8 @@ static int keep_block(uint64_t first, uint32_t count, void *arg)
 }
 
 /* One case of the driver protocol (one JSON object on a line): performs it and writes its
- * answer, one JSON line. Cases: "reserve" (with "count") and "nodes"; any other case, or a
- * reserve with "after" (this client sends no causal tokens), is answered unsupported. */
+ * answer, one JSON line. Cases: "reserve" (with "count", and "after" if given) and "nodes";
+ * any other case is answered unsupported. */
 static void drive_one(const char *line)
 {
     char kase[32], endpoint[1024], id[32] = "null";
@@ -635,20 +640,23 @@ static void drive_one(const char *line)
     json_string(json_member(line, "endpoint"), endpoint, sizeof endpoint);
     printf("{\"id\": %s, ", id);
     int reserve = strcmp(kase, "reserve") == 0, nodes = strcmp(kase, "nodes") == 0;
-    uint64_t count = 0;
+    uint64_t count = 0, after = 0;
+    const char *av = json_member(line, "after");
+    char token[24] = "";
     if (reserve) {
         const char *cv = json_member(line, "count");
         char digits[24] = "";
         if (cv != NULL)
             snprintf(digits, sizeof digits, "%.*s", (int)strspn(cv, "0123456789"), cv);
-        if (json_member(line, "after") != NULL || parse_count(digits, &count) != 0)
+        json_string(av, token, sizeof token); /* a decimal string */
+        if (parse_count(digits, &count) != 0 || (av != NULL && parse_count(token, &after) != 0))
             reserve = 0;
     }
     if (!reserve && !nodes) {
         printf("\"unsupported\": true}\n");
         return;
     }
-    struct client c = {zmq_ctx_new(), NULL, endpoint, 1, -1};
+    struct client c = {zmq_ctx_new(), NULL, endpoint, 1, -1, av != NULL, after};
     int rc = 1;
     last_code[0] = '\0';
     if (c.ctx != NULL && open_socket(&c) == 0) {
@@ -706,7 +714,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    struct client c = {zmq_ctx_new(), NULL, argv[1], 1, -1};
+    struct client c = {zmq_ctx_new(), NULL, argv[1], 1, -1, 0, 0};
     if (c.ctx == NULL || open_socket(&c) != 0)
         return 1;
     if (nodes) {

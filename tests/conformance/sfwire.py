@@ -206,6 +206,45 @@ class Layout:
         )
 
 
+# -- ID forms (docs/GUIDE.md, "ID forms: UUIDv7 and base32") ---------------------------------
+
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def uuid_tag(layout: Layout) -> int:
+    """The layout tag: the first 12 bits of the SHA-256 of the guide's text of six fields."""
+    import hashlib
+
+    text = (
+        f"epoch_ms={layout.epoch_ms},region_bits={layout.region_bits},sequence_bits={layout.sequence_bits},"
+        f"shard_bits={layout.shard_bits},time_bits={layout.time_bits},worker_bits={layout.worker_bits}"
+    )
+    return int.from_bytes(hashlib.sha256(text.encode("ascii")).digest()[:2], "big") >> 4
+
+
+def id_of_uuid(text: str, layout: Layout) -> int:
+    """The ID of a UUIDv7 of ``layout``, per the guide's bit placement; asserts every fixed field."""
+    n = int(text.replace("-", ""), 16)
+    assert len(text) == 36 and text == text.lower() and [len(p) for p in text.split("-")] == [8, 4, 4, 4, 12], text
+    unix_ms, version, tag, variant = n >> 80, n >> 76 & 0xF, n >> 64 & 0xFFF, n >> 62 & 0b11
+    assert (version, variant, tag) == (7, 0b10, uuid_tag(layout)), text
+    k = 63 - layout.time_bits
+    rand_b = n & (2**62 - 1)
+    assert rand_b >> k == 0, f"{text}: bits above the ID's {k} low bits are not zeros"
+    low = rand_b & ((1 << k) - 1)
+    shard, rest = low >> layout.time_shift, low & ((1 << layout.time_shift) - 1)
+    return (shard << layout.shard_shift) | ((unix_ms - layout.epoch_ms) << layout.time_shift) | rest
+
+
+def id_of_base32(text: str) -> int:
+    """The ID of its 13 characters of Crockford base32 (uppercase, zero-padded)."""
+    assert len(text) == 13 and all(c in CROCKFORD for c in text), text
+    value = 0
+    for c in text:
+        value = value * 32 + CROCKFORD.index(c)
+    return value
+
+
 # -- sockets --------------------------------------------------------------------------
 
 

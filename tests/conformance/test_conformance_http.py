@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 
 import pytest
 import sfwire
@@ -116,3 +117,18 @@ def test_a_json_body_of_1_kib_is_read_and_one_byte_more_is_413(node):
     assert call(node, "POST", "/v1/ids", pad)[0] == 200
     status, answer = call(node, "POST", "/v1/ids", pad + b" ")
     assert status == 413 and answer["code"] == "frame_too_large", answer
+
+
+@pytest.mark.parametrize("form", ["uuid", "base32"])
+def test_ids_in_a_form_read_back_by_the_guides_rules_to_ids_of_this_node_in_order(node, form):
+    status = node.status()
+    layout = sfwire.Layout.of(status)
+    code, answer = call(node, "GET", f"/v1/ids?count=50&format={form}")
+    assert code == 200, answer
+    texts = answer["ids"]
+    ids = [sfwire.id_of_uuid(t, layout) if form == "uuid" else sfwire.id_of_base32(t) for t in texts]
+    assert ids == sorted(set(ids)) and texts == sorted(texts), "one answer's IDs ascend, as text too"
+    for id_ in ids:
+        d = layout.decode(id_)
+        assert d.region == status["region"] and d.worker in sfwire.held_worker_ids(status), d
+        assert abs(d.unix_ms - time.time() * 1000) < 60_000, d
