@@ -74,7 +74,7 @@ def test_a_report_with_other_bounds_or_an_unknown_kind_adds_nothing():
 
 
 class FakeRouter:
-    """What Metrics.build reads of a router."""
+    """What Metrics reads of the routing core."""
 
     def __init__(self) -> None:
         self.counters = {k: 0 for k in ("bad_request", "refused", "unavailable", "overloaded", "retried")}
@@ -85,8 +85,8 @@ class FakeRouter:
     def active_connections(self) -> int:
         return 0
 
-    def why_none_ready(self) -> str:
-        return "no worker"
+    def readiness(self) -> tuple[bool, str]:
+        return False, "no worker"
 
 
 def scrape(m: Metrics) -> dict:

@@ -111,6 +111,8 @@ class Metrics:
             return
         self._next_ns = now_ns + SNAPSHOT_INTERVAL_NS
         self.families = self.build(routing, restarts, kills)
+        # Read by the HTTP thread with the families: the routing core decides it.
+        self.ready, self.ready_reason = routing.readiness()
         self.snapshot_ns = now_ns
 
     def build(self, routing, restarts: int, kills: int = 0) -> list:
@@ -336,16 +338,6 @@ class Metrics:
             for name in CLOCK_VERDICTS:
                 verdict.add_metric([name], 1 if name == state else 0)
             fams.extend([off, rtt, verdict])
-        self.ready = bool(routing.rotation) and routing.accepting and routing.veto is None
-        if self.ready:
-            self.ready_reason = "ready"
-        else:
-            if routing.veto:
-                self.ready_reason = routing.veto
-            else:
-                why = routing.why_none_ready()
-                code = getattr(why, "code", None)
-                self.ready_reason = f"{code}: {why}" if code else str(why)
         return fams
 
 

@@ -535,6 +535,17 @@ class Routing:
         """Connections with requests accepted and not yet answered."""
         return sum(1 for conn in self.conns.values() if conn.inflight > 0)
 
+    def readiness(self) -> tuple[bool, str]:
+        """What /readyz says: ready while a worker is in rotation, the node takes requests and
+        its clock is not refused; otherwise why not (the veto, or why no worker is ready)."""
+        if self.rotation and self.accepting and self.veto is None:
+            return True, "ready"
+        if self.veto:
+            return False, self.veto
+        why = self.why_none_ready()
+        code = getattr(why, "code", None)
+        return False, f"{code}: {why}" if code else str(why)
+
     def why_none_ready(self) -> SnowfenceError:
         """The most telling reason no worker is in rotation, as the error to answer with."""
         error = refusal_for(

@@ -470,6 +470,21 @@ def test_until_a_first_worker_is_ready_the_refusal_says_the_node_is_starting(rig
     assert "starting" not in rep.error.message, rep.error
 
 
+def test_readiness_is_a_worker_in_rotation_a_node_taking_requests_and_no_clock_refusal(rig):
+    r = rig()
+    w = r.worker(0, ready=False, held=[{"worker_id": 3, "state": "waiting"}])
+    ready, why = r.core.readiness()
+    assert not ready and why.startswith("unavailable: the node is starting: "), why
+    r.state(w)
+    assert r.core.readiness() == (True, "ready")
+    r.core.veto = "clock vetoed: 40 ms ahead of the cluster"
+    assert r.core.readiness() == (False, "clock vetoed: 40 ms ahead of the cluster")
+    r.core.veto = None
+    r.core.stop_accepting()
+    ready, why = r.core.readiness()
+    assert not ready and "starting" not in why, why
+
+
 def test_once_stopping_waiting_and_new_requests_are_answered_unavailable_and_sent_ones_still_complete(rig):
     r = rig(worker_queue_ms=1.0)
     w = r.worker(0)
