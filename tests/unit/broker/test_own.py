@@ -13,7 +13,6 @@ from snowfence.broker.own import CLAIM, GIVE_BACK, KEEP, WAIT, OwnWorkerId, spar
 from snowfence.config import Config
 from snowfence.store import open_store
 
-
 #: A short reservation window: a new store waits out its bound (5 s on the defaults) before
 #: its first ID, which none of these tests is about.
 QUICK = {"keepalive_interval_s": 0.2, "reservation_window_s": 0.5, "max_reservation_window_s": 0.5, "max_ahead_ms": 200}
