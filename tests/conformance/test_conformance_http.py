@@ -132,3 +132,44 @@ def test_ids_in_a_form_read_back_by_the_guides_rules_to_ids_of_this_node_in_orde
         d = layout.decode(id_)
         assert d.region == status["region"] and d.worker in sfwire.held_worker_ids(status), d
         assert abs(d.unix_ms - time.time() * 1000) < 60_000, d
+
+
+@pytest.mark.parametrize(
+    "method, path, status",
+    [("GET", "/v1/ids", 200), ("GET", "/v1/ids?count=0", 400), ("GET", "/nope", 404), ("DELETE", "/v1/ids", 405)],
+)
+def test_every_answer_says_no_store_and_an_error_is_json_with_its_status(node, method, path, status):
+    port = node.ready_status["broker"]["http_port"]["port"]
+    conn = http.client.HTTPConnection(endpoint_host(node), port, timeout=5)
+    try:
+        conn.request(method, path)
+        answer = conn.getresponse()
+        body = json.loads(answer.read())
+    finally:
+        conn.close()
+    assert answer.status == status and answer.getheader("Cache-Control") == "no-store", answer.getheaders()
+    if status != 200:
+        assert body["code"] == "bad_request" and body["retriable"] is False and body["message"], body
+    if status == 405:
+        assert "GET" in answer.getheader("Allow", ""), answer.getheaders()
+
+
+def test_pipelined_requests_are_answered_in_the_order_sent(node):
+    import socket
+
+    port = node.ready_status["broker"]["http_port"]["port"]
+    counts = [7, 1, 4096, 2, 300, 5]
+    with socket.create_connection((endpoint_host(node), port), timeout=5) as sock:
+        sock.sendall(b"".join(b"GET /v1/ids?count=%d HTTP/1.1\r\nHost: x\r\n\r\n" % n for n in counts))
+        reader = sock.makefile("rb")
+        got = []
+        for _ in counts:
+            assert reader.readline().startswith(b"HTTP/1.1 200 ")
+            length = None
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            assert length is not None, "every answer has a Content-Length"
+            got.append(len(json.loads(reader.read(length))["ids"]))
+    assert got == counts
