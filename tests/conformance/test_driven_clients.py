@@ -14,6 +14,7 @@ import os
 import select
 import shlex
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -179,3 +180,106 @@ def test_a_retriable_error_the_client_cannot_get_past_is_answered_by_its_code(cl
 def test_an_unknown_case_is_answered_unsupported(client, tcp_node):
     answer = client.ask({"case": "no-such-case", "endpoint": tcp_node.endpoint})
     assert set(answer) == {"id", "unsupported"} and answer["unsupported"] is True, answer
+
+
+# -- against a scripted server: what a client does with the replies a real one may send ----------
+
+
+class Scripted:
+    """A ROUTER on ipc:// that answers the i-th RESERVE (0, 1, ...) with ``answer(i, request_id,
+    count)`` (a reply body), NODES with a node without a fast port, and nothing else."""
+
+    def __init__(self, directory: Path, answer) -> None:
+        import threading
+
+        import zmq
+
+        self.answer = answer
+        self.reserves: list[tuple[int, int]] = []
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"ipc://{directory}/scripted.sock"
+        self.sock.bind(self.endpoint)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        deadline = time.monotonic() + 2 * ANSWER_TIMEOUT_S
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if not self.sock.poll(20):
+                continue
+            ident, *frames = self.sock.recv_multipart()
+            body = frames[-1]
+            if len(body) < sfwire.HEADER_SIZE:
+                continue
+            _, type_, _, rid = sfwire.HEADER.unpack_from(body)
+            if type_ == sfwire.NODES:
+                node = {"node": "scripted", "endpoints": [self.endpoint]}
+                doc = {"cluster": None, "nodes": [node], "fast_port": None}
+                reply = sfwire.header(sfwire.NODES_REPLY, rid) + json.dumps(doc).encode()
+            elif type_ == sfwire.RESERVE and len(body) >= 16:
+                count = struct.unpack_from("!I", body, 12)[0]
+                self.reserves.append((rid, count))
+                reply = self.answer(len(self.reserves) - 1, rid, count)
+            else:
+                continue
+            self.sock.send_multipart([ident, *frames[:-1], reply])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def scripted(tmp_path):
+    made: list[Scripted] = []
+
+    def make(answer) -> Scripted:
+        made.append(Scripted(tmp_path, answer))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def block(rid: int, first: int, count: int) -> bytes:
+    return sfwire.BLOCK_BODY.pack(1, sfwire.BLOCK, 0, rid, first, count)
+
+
+def error(rid: int, code: str, retriable: bool) -> bytes:
+    doc = {"code": code, "message": "scripted", "retriable": retriable}
+    return sfwire.header(sfwire.ERROR, rid) + json.dumps(doc).encode()
+
+
+def test_partial_grants_are_asked_again_until_the_count_is_reached(client, scripted):
+    # Each reply grants at most 3 IDs, from its own millisecond's range.
+    srv = scripted(lambda i, rid, n: block(rid, (1 << 40) + (i << 22), min(n, 3)))
+    answer = client.ask({"case": "reserve", "endpoint": srv.endpoint, "count": 10})
+    ids = [int(t) for t in answer["ids"]]
+    assert len(ids) == 10 and len(set(ids)) == 10, answer
+    assert len(srv.reserves) >= 4
+
+
+def test_a_retriable_error_is_asked_again_and_an_unknown_code_judged_by_its_flag(client, scripted):
+    def answer(i, rid, n):
+        if i == 0:
+            return error(rid, "unavailable", True)
+        if i == 1:
+            return error(rid, "a_code_from_the_future", True)
+        return block(rid, (1 << 40) + (i << 22), n)
+
+    srv = scripted(answer)
+    answer = client.ask({"case": "reserve", "endpoint": srv.endpoint, "count": 5})
+    assert len(answer.get("ids", [])) == 5 and len(srv.reserves) >= 3, answer
+
+
+def test_a_non_retriable_error_is_not_asked_again(client, scripted):
+    srv = scripted(lambda i, rid, n: error(rid, "bad_request", False))
+    answer = client.ask({"case": "reserve", "endpoint": srv.endpoint, "count": 10})
+    assert answer.get("error") == {"code": "bad_request", "retriable": False}, answer
+    assert len(srv.reserves) == 1
