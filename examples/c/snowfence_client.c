@@ -57,6 +57,9 @@
 #define TYPE_RESERVE 0x01
 #define TYPE_NODES 0x04
 #define TYPE_NODES_REPLY 0x84
+#define TYPE_WATERMARK 0x05
+#define TYPE_WATERMARK_REPLY 0x85
+#define WATERMARK_REPLY_SIZE 28 /* header, unix_ms:u64, lowest:u64 */
 #define TYPE_BLOCK 0x81
 #define TYPE_ERROR 0xFF
 #define HEADER_SIZE 12  /* version:u8 type:u8 flags:u16 request_id:u64 */
@@ -480,6 +483,33 @@ static int nodes_once(struct client *c, size_t *json_size)
     return 1;
 }
 
+/* Sends WATERMARK over ZeroMQ; on success (0) the promise is in *unix_ms and *lowest. One
+ * try, as nodes_once. */
+static int watermark_once(struct client *c, uint64_t *unix_ms, uint64_t *lowest)
+{
+    unsigned char req[HEADER_SIZE];
+    uint64_t request_id = c->next_request_id++;
+    size_t size = 0;
+    req[0] = PROTO_VERSION;
+    req[1] = TYPE_WATERMARK;
+    put_u16(req + 2, 0);
+    put_u64(req + 4, request_id);
+    if (zmq_exchange(c, req, sizeof req, &size) != REPLIED)
+        return 1;
+    if (size < HEADER_SIZE || reply[0] != PROTO_VERSION || get_u64(reply + 4) != request_id) {
+        fprintf(stderr, "%s: protocol error: not a reply to WATERMARK request %" PRIu64 "\n", prog, request_id);
+    } else if (reply[1] == TYPE_ERROR) {
+        on_error(reply, size);
+    } else if (reply[1] != TYPE_WATERMARK_REPLY || size != WATERMARK_REPLY_SIZE) {
+        fprintf(stderr, "%s: protocol error: unexpected reply type 0x%02x to WATERMARK\n", prog, (unsigned)reply[1]);
+    } else {
+        *unix_ms = get_u64(reply + 12);
+        *lowest = get_u64(reply + 20);
+        return 0;
+    }
+    return 1;
+}
+
 /* For a tcp://HOST:PORT endpoint, unless SNOWFENCE_NO_FAST is set (and not 0): asks
  * NODES for the node's "fast_port", and connects to it on HOST. Without one, or when
  * anything fails, c->fast stays -1 and the requests go over ZeroMQ. */
@@ -623,8 +653,8 @@ static int keep_block(uint64_t first, uint32_t count, void *arg)
 }
 
 /* One case of the driver protocol (one JSON object on a line): performs it and writes its
- * answer, one JSON line. Cases: "reserve" (with "count", and "after" if given) and "nodes";
- * any other case is answered unsupported. */
+ * answer, one JSON line. Cases: "reserve" (with "count", and "after" if given), "nodes" and
+ * "watermark"; any other case is answered unsupported. */
 static void drive_one(const char *line)
 {
     char kase[32], endpoint[1024], id[32] = "null";
@@ -640,6 +670,7 @@ static void drive_one(const char *line)
     json_string(json_member(line, "endpoint"), endpoint, sizeof endpoint);
     printf("{\"id\": %s, ", id);
     int reserve = strcmp(kase, "reserve") == 0, nodes = strcmp(kase, "nodes") == 0;
+    int watermark = strcmp(kase, "watermark") == 0;
     uint64_t count = 0, after = 0;
     const char *av = json_member(line, "after");
     char token[24] = "";
@@ -652,7 +683,7 @@ static void drive_one(const char *line)
         if (parse_count(digits, &count) != 0 || (av != NULL && parse_count(token, &after) != 0))
             reserve = 0;
     }
-    if (!reserve && !nodes) {
+    if (!reserve && !nodes && !watermark) {
         printf("\"unsupported\": true}\n");
         return;
     }
@@ -665,6 +696,12 @@ static void drive_one(const char *line)
             rc = nodes_once(&c, &size);
             if (rc == 0)
                 printf("\"nodes\": %s}\n", (const char *)reply + HEADER_SIZE);
+        } else if (watermark) {
+            uint64_t unix_ms, lowest;
+            rc = watermark_once(&c, &unix_ms, &lowest);
+            if (rc == 0)
+                printf("\"watermark\": {\"unix_ms\": %" PRIu64 ", \"lowest\": \"%" PRIu64 "\"}}\n", unix_ms,
+                       lowest);
         } else {
             struct blocks b = {NULL, NULL, 0, 0};
             rc = reserve_ids(&c, count, keep_block, &b);

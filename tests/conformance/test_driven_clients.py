@@ -157,6 +157,27 @@ def test_nodes_lists_the_node_with_its_fast_port(client, tcp_node):
     assert nodes["fast_port"] == tcp_node.status()["broker"]["fast_port"]["port"]
 
 
+def test_watermark_is_a_promise_every_later_id_keeps(client, tcp_node):
+    layout = sfwire.Layout.of(tcp_node.ready_status)
+    deadline = time.monotonic() + 10
+    while True:  # the node promises a watermark within seconds of its start
+        answer = client.ask({"case": "watermark", "endpoint": tcp_node.endpoint})
+        if answer.get("error") != {"code": "watermark_unavailable", "retriable": True}:
+            break
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)
+    promise = supported(answer)["watermark"]
+    unix_ms, lowest = promise["unix_ms"], promise["lowest"]
+    assert type(unix_ms) is int and isinstance(lowest, str) and lowest.isdigit(), promise
+    assert int(lowest) == (unix_ms - layout.epoch_ms) << layout.time_shift and unix_ms <= time.time() * 1000
+    ids = check_ids(
+        supported(client.ask({"case": "reserve", "endpoint": tcp_node.endpoint, "count": 100}))["ids"],
+        100,
+        tcp_node.status(),
+    )
+    assert min(ids) >= int(lowest)
+
+
 def in_rotation(node, want: bool) -> None:
     deadline = time.monotonic() + 10
     while node.status()["broker"]["workers_in_rotation"] != int(want):

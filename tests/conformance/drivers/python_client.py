@@ -15,11 +15,14 @@ from snowfence.errors import SnowfenceError
 
 def perform(case: dict) -> dict:
     kind = case.get("case")
-    if kind not in ("reserve", "nodes"):
+    if kind not in ("reserve", "nodes", "watermark"):
         return {"unsupported": True}
     with Client(case["endpoint"], discover=False) as client:
         if kind == "nodes":
             return {"nodes": client.nodes()}
+        if kind == "watermark":
+            promise = client.watermark()
+            return {"watermark": {"unix_ms": promise.unix_ms, "lowest": str(promise.lowest)}}
         after = case.get("after")
         blocks = client.reserve(case["count"], after=None if after is None else int(after))
         return {"ids": [str(id_) for block in blocks for id_ in block.range()]}
