@@ -118,6 +118,12 @@ class Config:
         "take these bits from another one: --shard-bits 3 --time-bits 38.",
         metavar="BITS",
     )
+    min_layout_years_left: float = setting(
+        1.0,
+        "serve refuses to start when the layout ends (epoch + 2^time_bits ms) in fewer years than this: time "
+        "to plan a successor layout. 0: only a layout already past its end is refused.",
+        metavar="YEARS",
+    )
 
     # -- leases -----------------------------------------------------------------------
     state_dir: str = setting(
@@ -327,6 +333,8 @@ class Config:
                 f"{self.worker_count} workers x {self.ids_per_worker} worker IDs each need more than the "
                 f"{layout.max_worker + 1} worker IDs a region has with {layout.worker_bits} worker bits"
             )
+        if not 0 <= self.min_layout_years_left <= 100:
+            raise ConfigError(f"min_layout_years_left must be 0..100, got {self.min_layout_years_left:g}")
         if self.max_inflight_per_client < 1:
             raise ConfigError(f"max_inflight_per_client must be at least 1, got {self.max_inflight_per_client}")
         if not 1 <= self.worker_credits <= 1024:

@@ -34,6 +34,9 @@ from .errors import ConfigError
 #: 2026-01-01T00:00:00Z in Unix milliseconds.
 DEFAULT_EPOCH_MS = 1_767_225_600_000
 
+#: Milliseconds in a year of 365.25 days: what "years left" of a layout counts in.
+MS_PER_YEAR = 31_557_600_000
+
 #: Total width of the four fields; bit 63 is the sign bit and stays 0.
 ID_BITS = 63
 
@@ -317,6 +320,16 @@ class Layout:
     def last_unix_ms(self) -> int:
         """The last Unix millisecond an ID of this layout can carry."""
         return self.epoch_ms + self.max_ms
+
+    @property
+    def end_unix_ms(self) -> int:
+        """The layout's end: ``epoch_ms + 2**time_bits``, the first Unix millisecond no ID of it
+        can carry. From then on a node cannot mint; a successor layout is the way on."""
+        return self.epoch_ms + (1 << self.time_bits)
+
+    def years_left(self, now_ms: int) -> float:
+        """Years (of 365.25 days) from ``now_ms`` to :attr:`end_unix_ms`; negative once it has passed."""
+        return (self.end_unix_ms - now_ms) / MS_PER_YEAR
 
     def bounds(
         self,

@@ -1,6 +1,7 @@
 """What serve refuses, check-config refuses too, and serve refuses it before it says it
 serves: a layout other than the one the store recorded (a state directory's, an etcd
-cluster's), a journal directory it cannot write, two endpoints in --bind. Real processes:
+cluster's), a journal directory it cannot write, two endpoints in --bind, a layout that
+has ended or ends within min_layout_years_left. Real processes:
 check-config and serve as an operator runs them, systemd's end of sd_notify a socket."""
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from nodes import etcd_args
 from test_lifecycle import NotifySocket
 
 from snowfence.config import Config
+from snowfence.ids import MS_PER_YEAR, format_unix_ms
 from snowfence.store import open_store
 
 OTHER_LAYOUT = ("--time-bits", "42", "--sequence-bits", "11")
@@ -36,12 +39,23 @@ def recorded(tmp_path):
     return state
 
 
+ENDED = ("--time-bits", "30", "--region-bits", "8", "--worker-bits", "13")
+SHORT = ("--time-bits", "36", "--region-bits", "2", "--worker-bits", "13")
+
+
 def refusals(tmp_path, state):
     (tmp_path / "file").write_text("")
+    ends_in = time.time_ns() // 1_000_000 - 2**36 + MS_PER_YEAR // 2  # an epoch whose layout ends in half a year
     return [
         ((*OTHER_LAYOUT,), 78, "was created for layout"),
         (("--journal-dir", str(tmp_path / "file" / "journal")), 73, "journal directory"),
         (("--bind", "tcp://127.0.0.1:5555,tcp://127.0.0.1:5556"), 78, "names 2 endpoints; a node binds one"),
+        # 30 time bits from 2000-01-01: 2**30 ms, about 12 days, long gone.
+        (("--epoch", "2000-01-01", *ENDED), 78, "the layout ended at 2000-01-13T10:15:41.824Z (30 time bits)"),
+        # 36 time bits that end half a year from now, one year the least by default.
+        (("--epoch", str(ends_in), *SHORT), 78, f"the layout ends at {format_unix_ms(ends_in + 2**36)}, 0.50 years"),
+        # With the minimum off, the same layout passes this check and meets the next: the store's layout.
+        (("--epoch", str(ends_in), *SHORT, "--min-layout-years-left", "0"), 78, "was created for layout"),
     ]
 
 

@@ -58,14 +58,14 @@ def test_verify_passes_reserved_dumps_and_catches_a_duplicate(nodes, tmp_path):
 
 
 def test_verify_connect_takes_the_layout_of_a_node(nodes, tmp_path):
-    widths = ("--time-bits", "36", "--shard-bits", "4", "--region-bits", "4", "--worker-bits", "7")
+    widths = ("--time-bits", "37", "--shard-bits", "3", "--region-bits", "4", "--worker-bits", "7")  # to 2030-05
     node = nodes.start(workers=1, args=widths)
     node.wait_ready()
     dump = tmp_path / "ids.bin"
     reserve(node, 20_000, "binary", dump)
     status, s = verify(str(dump), "--connect", node.endpoint, "--no-discover")
     assert status == 0 and s["ok"] and s["ids"] == 20_000, s
-    assert s["layout"]["shard_bits"] == 4 and s["layout"]["time_bits"] == 36
+    assert s["layout"]["shard_bits"] == 3 and s["layout"]["time_bits"] == 37
     # Read with the default layout instead, the milliseconds are shifted one bit further: twice as far from the
     # epoch, in the future.
     status, s = verify(str(dump))

@@ -163,6 +163,35 @@ def test_an_epoch_in_the_future_is_valid_config_serve_refuses_it_where_it_starts
     preflight.check_epoch(config, now_ms=config.layout.epoch_ms)  # from the epoch on, it is fine
 
 
+def test_a_layout_near_or_past_its_end_is_valid_config_serve_refuses_it_where_it_starts():
+    from snowfence.broker import preflight
+    from snowfence.ids import MS_PER_YEAR
+
+    # 36 time bits from 2026-01-01 end 2028-03-06T08:44:36.736Z: 2**36 ms after the epoch.
+    config = cfg.load(flags={"time_bits": "36", "region_bits": "8"}, env={})
+    end = config.layout.end_unix_ms
+    assert end == config.layout.epoch_ms + 2**36 == config.layout.last_unix_ms + 1
+    assert config.min_layout_years_left == 1.0
+    preflight.check_layout_end(config, now_ms=end - MS_PER_YEAR)  # a year left: the default minimum
+    assert config.layout.years_left(end - MS_PER_YEAR) == 1.0
+    with pytest.raises(ConfigError) as refused:
+        preflight.check_layout_end(config, now_ms=end - MS_PER_YEAR + 1)
+    words = str(refused.value)
+    assert "the layout ends at 2028-03-06T08:44:36.736Z, 1.00 years from now" in words, words
+    assert "min_layout_years_left 1" in words and "more time_bits" in words and "\n" not in words
+    # 0 refuses only a layout already past its end; the end itself is past it.
+    off = cfg.load(flags={"time_bits": "36", "region_bits": "8", "min_layout_years_left": "0"}, env={})
+    preflight.check_layout_end(off, now_ms=end - 1)
+    for now_ms in (end, end + 10 * MS_PER_YEAR):
+        with pytest.raises(ConfigError, match="the layout ended at 2028-03-06T08:44:36.736Z .36 time bits.: no ID"):
+            preflight.check_layout_end(off, now_ms=now_ms)
+    # The default layout has about 69 years left at its epoch.
+    assert 69 < cfg.load(env={}).layout.years_left(config.layout.epoch_ms) < 70
+    for bad in ("-1", "101", "nan"):
+        with pytest.raises(ConfigError, match="min_layout_years_left"):
+            cfg.load(flags={"min_layout_years_left": bad}, env={})
+
+
 # -- etcd endpoints: one check (config.etcd_endpoint) for the settings and the etcd client ---------------
 
 

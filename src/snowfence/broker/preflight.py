@@ -8,6 +8,9 @@ clock that may have stepped since.
 
 - The epoch must be in the past: before it no ID can be minted, and a node
   would wait, never ready, as if the clock had been set back.
+- The layout must not end (``epoch + 2**time_bits`` ms) within
+  ``min_layout_years_left`` years, and never be past its end: a node that
+  starts then runs out of milliseconds with no warning but this.
 - The state directory must be usable: a node that announced "serving" and then
   halted because its workers cannot write there looks, to a service manager,
   like one that crashed.
@@ -34,7 +37,7 @@ import time
 
 from ..config import Config, missing_modules
 from ..errors import ConfigError, EtcdUnavailable, LayoutMismatch, StateDirError
-from ..ids import format_unix_ms
+from ..ids import MS_PER_YEAR, format_unix_ms
 from ..store import home, read_genesis
 from ..store.filesystems import KERNEL_FILESYSTEMS, filesystem_type
 from ..store.genesis import Genesis
@@ -70,6 +73,7 @@ def check(config: Config, *, create: bool = True) -> None:
     """
     require_server()
     check_epoch(config)
+    check_layout_end(config)
     check_bind(config)
     home.check(config)  # before anything is made on disk
     check_state_dir(config.state_dir, create=create)
@@ -169,6 +173,26 @@ def check_epoch(config: Config, now_ms: int | None = None) -> None:
             f"epoch {format_unix_ms(epoch_ms)} is in the future (the clock says {format_unix_ms(now_ms)}): "
             "no ID can be minted before it; give an epoch in the past (the default is 2026-01-01T00:00:00Z), "
             "and the same one to every node of the cluster"
+        )
+
+
+def check_layout_end(config: Config, now_ms: int | None = None) -> None:
+    """Refuse a layout that has ended, or ends within ``min_layout_years_left`` years."""
+    layout = config.layout
+    now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    end = format_unix_ms(layout.end_unix_ms)
+    way_out = (
+        "give more time_bits or a later epoch (a store keeps the layout it recorded: a new layout needs a new "
+        "state directory or cluster, and its IDs need not sort above the old ones)"
+    )
+    if layout.end_unix_ms <= now_ms:
+        raise ConfigError(f"the layout ended at {end} ({layout.time_bits} time bits): no ID can be minted; {way_out}")
+    minimum = config.min_layout_years_left
+    if layout.end_unix_ms - now_ms < minimum * MS_PER_YEAR:
+        raise ConfigError(
+            f"the layout ends at {end}, {layout.years_left(now_ms):.2f} years from now, fewer than "
+            f"min_layout_years_left {minimum:g}: {way_out}, or lower min_layout_years_left (0: refuse only an "
+            "ended layout)"
         )
 
 
