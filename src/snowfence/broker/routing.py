@@ -23,10 +23,10 @@ Workers report their state (the STATE frame) every heartbeat and on change; a
 worker not ready, or silent for ``heartbeat_timeout_s``, is out of rotation.
 All timing here is monotonic.
 
-The sockets are :class:`snowfence.broker.doors.zmq.ZmqFront`'s and the fast port's
-(:class:`snowfence.broker.doors.fast.FastPort`); so is the framing of a client's
-message. Whoever drives a :class:`Routing` (that adapter, a test, a
-simulator) gives it two send functions and a clock::
+The sockets are the doors' (``broker/doors/``: the ZeroMQ front, the fast port, the
+HTTP door); so is the framing of a client's message. Whoever drives a
+:class:`Routing` (the node, a test, a simulator) gives it two send functions and a
+clock::
 
     to_client(meta, addr, reply) -> None    one reply to a client connection
     to_worker(ident, frame) -> bool         one frame to a worker; False if its socket is gone
@@ -61,7 +61,8 @@ and feeds it what arrives, each call returning once its output has gone out:
 
 and reads: :meth:`status` (STATUS), :attr:`heard` (for the supervisor),
 :attr:`counters`, :attr:`links`, :attr:`rotation`, :attr:`fair`,
-:attr:`queued_ns` (for the metrics).
+:attr:`queued_ns` (for the metrics); the ZeroMQ front asks its :attr:`gate`
+(``broker/gate.py``) which requests to drop before the intake.
 """
 
 from __future__ import annotations
