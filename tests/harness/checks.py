@@ -48,6 +48,32 @@ def check_blocks(per_client: list[list[tuple[int, int]]], layout: Layout = DEFAU
     return {"ids": sum(last - f + 1 for f, last in intervals), "blocks": len(intervals), "workers": len(workers)}
 
 
+def repeated_ids(blocks) -> int:
+    """How many IDs were acknowledged more than once."""
+    spans = sorted((f, f + c) for client in blocks for f, c in client)
+    repeated, reach = 0, -1
+    for f, end in spans:
+        if f < reach:
+            repeated += min(end, reach) - f
+        reach = max(reach, end)
+    return repeated
+
+
+def below_earlier(before, after, layout: Layout) -> dict[int, tuple[int, int]]:
+    """Worker IDs whose IDs ``after`` go at or below their IDs ``before``: {worker: (lowest after, highest before)}."""
+    high: dict[int, int] = {}
+    for client in before:
+        for f, c in client:
+            w = layout.decompose(f).worker
+            high[w] = max(high.get(w, -1), f + c - 1)
+    low: dict[int, int] = {}
+    for client in after:
+        for f, _ in client:
+            w = layout.decompose(f).worker
+            low[w] = min(low.get(w, 1 << 63), f)
+    return {w: (low[w], high[w]) for w in low if w in high and low[w] <= high[w]}
+
+
 def by_worker(pairs: list[tuple[int, int]], layout: Layout = DEFAULT_LAYOUT) -> dict[int, list[tuple[int, int]]]:
     out = defaultdict(list)
     for first, count in pairs:

@@ -18,7 +18,7 @@ import time
 import leftovers
 import orjson
 import pytest
-from checks import check_blocks
+from checks import below_earlier, check_blocks, repeated_ids
 from disk import is_root
 from nodes import TWO_HOPS, wait_for
 
@@ -86,32 +86,6 @@ class Load:
         for t in self._threads:
             t.join(10)
         return self.blocks
-
-
-def repeated_ids(blocks) -> int:
-    """How many IDs were acknowledged more than once."""
-    spans = sorted((f, f + c) for client in blocks for f, c in client)
-    repeated, reach = 0, -1
-    for f, end in spans:
-        if f < reach:
-            repeated += min(end, reach) - f
-        reach = max(reach, end)
-    return repeated
-
-
-def below_earlier(before, after, layout: Layout) -> dict[int, tuple[int, int]]:
-    """Worker IDs whose IDs ``after`` go at or below their IDs ``before``: {worker: (lowest after, highest before)}."""
-    high: dict[int, int] = {}
-    for client in before:
-        for f, c in client:
-            w = layout.decompose(f).worker
-            high[w] = max(high.get(w, -1), f + c - 1)
-    low: dict[int, int] = {}
-    for client in after:
-        for f, _ in client:
-            w = layout.decompose(f).worker
-            low[w] = min(low.get(w, 1 << 63), f)
-    return {w: (low[w], high[w]) for w in low if w in high and low[w] <= high[w]}
 
 
 @pytest.fixture
