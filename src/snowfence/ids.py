@@ -331,6 +331,15 @@ class Layout:
         """Years (of 365.25 days) from ``now_ms`` to :attr:`end_unix_ms`; negative once it has passed."""
         return (self.end_unix_ms - now_ms) / MS_PER_YEAR
 
+    def lifetime(self, now_ms: int) -> dict:
+        """The layout's end as STATUS carries it: ``end_unix_ms``, ``end`` (ISO-8601) and
+        ``years_left`` at ``now_ms`` (two decimals; negative once it has passed)."""
+        return {
+            "end_unix_ms": self.end_unix_ms,
+            "end": _show_ms(self.end_unix_ms),
+            "years_left": round(self.years_left(now_ms), 2),
+        }
+
     def bounds(
         self,
         start: int | str | _dt.datetime,

@@ -173,6 +173,16 @@ CASES = {
         ),
         case("12m", [series("snowfence_clock_synchronized", "1x15")]),
     ),
+    "SnowfenceLayoutEnding": (
+        # A layout that ends 1 s short of 2 years (63,115,200 s) after time 0 has had under 2 years left all along;
+        # one that ends 2 years after 2h (7,200 s) has exactly 2 left then, and had more before.
+        case(
+            "2h",
+            [series("snowfence_layout_end_timestamp_seconds", "63115199x150")],
+            [alert("ticket", "The ID layout of n1:9464 ends in 2.00 years")],
+        ),
+        case("2h", [series("snowfence_layout_end_timestamp_seconds", "63122400x150")]),
+    ),
     "SnowfenceLeaseRenewalSlow": (
         case(
             "2m",

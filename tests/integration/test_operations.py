@@ -294,6 +294,7 @@ def test_latency_histograms_count_each_request_by_kind_and_build_and_process_met
     samples = scrape(addr)
     assert samples["snowfence_build_info", frozenset({("version", snowfence.__version__)})] == 1
     assert samples["snowfence_node_info", frozenset({("cluster", ""), ("region", "0"), ("mode", "embedded")})] == 1
+    assert samples["snowfence_layout_end_timestamp_seconds", frozenset()] == 3_966_248_855.552  # 2095-09-07
     assert samples["process_cpu_seconds_total", frozenset()] > 0
     assert samples["process_resident_memory_bytes", frozenset()] > 10_000_000
     assert samples["process_open_fds", frozenset()] > 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -567,4 +568,11 @@ def test_a_shard_prefixed_layout_end_to_end(nodes):
         assert layout.ms_of(b.first) == layout.ms_of(b.last)
     decoded = orjson.loads(run_cli("decode", str(blocks[0].first), "--json", *args).stdout)
     assert decoded["shard"] == layout.decompose(blocks[0].first).shard
+    # The layout's end, 2**39 ms after the epoch, and the years left, in STATUS and in status's text.
+    asked_ms = time.time_ns() // 1_000_000
+    end = orjson.loads(run_cli("status", "--connect", node.endpoint, "--json").stdout)["layout_end"]
+    assert end["end_unix_ms"] == layout.epoch_ms + 2**39 and end["end"] == "2043-06-03T21:56:53.888Z", end
+    assert abs(end["years_left"] - layout.years_left(asked_ms)) < 0.011, end
+    text = run_cli("status", "--connect", node.endpoint).stdout
+    assert re.search(r"^layout ends 2043-06-03T21:56:53.888Z \((1[67]\.\d\d) years left\)$", text, re.M), text
     assert abs(decoded["unix_ms"] - time.time() * 1000) < 60_000

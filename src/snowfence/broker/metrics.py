@@ -366,7 +366,12 @@ def _info_families(config: Config | None) -> list:
     node.add_metric(
         ["" if config.embedded else config.cluster, str(config.region), "embedded" if config.embedded else "etcd"], 1
     )
-    return [build, node]
+    end = GaugeMetricFamily(
+        "snowfence_layout_end_timestamp_seconds",
+        "Unix time the ID layout ends (epoch + 2^time_bits ms): no ID can be minted from then on.",
+    )
+    end.add_metric([], config.layout.end_unix_ms / 1000)
+    return [build, node, end]
 
 
 class _Collector:

@@ -183,7 +183,8 @@ class Routing:
     ``describe_broker()`` gives the broker's part of STATUS; ``live_pids`` are the
     worker processes still running (the supervisor's: a STATE a worker sent just
     before it died must not bring it back); ``metrics`` sees every STATE and every
-    worker forgotten. ``wall_clock`` is read only to answer TIME."""
+    worker forgotten. ``wall_clock`` is read only to answer TIME and for the years left of the
+    layout in STATUS."""
 
     def __init__(
         self,
@@ -837,6 +838,7 @@ class Routing:
                 "waiting": len(self.fair),
             },
             "layout": self.config.layout.to_dict(),
+            "layout_end": self.config.layout.lifetime(self._wall_clock() // 1_000_000),
             "region": self.config.region,
             "workers": workers,
         }

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import time
 
 import orjson
 
 from ..errors import ConfigError, SnowfenceError
-from ..ids import format_unix_ms
+from ..ids import Layout, format_unix_ms
 from . import node
 from .args import DEFAULT_CONNECT, ETCD_FIELDS, LAYOUT_FIELDS, add_config_flags, connect_flags, load_config
 from .cluster import cluster_status, clusters_status, dash
@@ -83,6 +84,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{broker.get('connections', 0)} client connections, {broker.get('waiting', 0)} requests waiting"
     )
     print(f"fast port {_port(broker.get('fast_port'))}, HTTP port {_port(broker.get('http_port'))}")
+    end = _layout_end(status)
+    if end:
+        print(end)
     print(
         f"{'slot':>5} {'pid':>7} {'worker_id':>9} {'state':<13} {'rotation':<8} {'fence_in_s':>16} "
         f"{'lease_s':>7} {'reserved_until':<24} reason"
@@ -106,6 +110,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     for problem in sorted({w["store_problem"] for w in status["workers"] if w.get("store_problem")}):
         print(f"STORE WENT BACK: {problem}")
     return 0
+
+
+def _layout_end(status: dict) -> str:
+    """The layout's end and the years left, as the node said them (STATUS ``layout_end``);
+    from its layout by this host's clock for a node that does not say them."""
+    end = status.get("layout_end")
+    if not isinstance(end, dict):
+        try:
+            end = Layout.from_dict(status["layout"]).lifetime(time.time_ns() // 1_000_000)
+        except (KeyError, TypeError, ValueError, ConfigError):
+            return ""
+    years = end.get("years_left")
+    if not isinstance(years, int | float):
+        return ""
+    left = f"{years:.2f} years left" if years > 0 else "ENDED: no ID can be minted"
+    return f"layout ends {end.get('end')} ({left})"
 
 
 def _port(door) -> str:
