@@ -90,7 +90,7 @@ MUTANTS = [
         "etcd: a release lowers the mark below the last millisecond used",
         (
             Edit(
-                "snowfence.store.etcd:EtcdLease.release",
+                "snowfence.store.etcd.lease:EtcdLease.release",
                 "max(last_used_ms, self.claimed_mark_ms)",
                 "max(last_used_ms - 1, self.claimed_mark_ms)",
             ),
@@ -102,7 +102,7 @@ MUTANTS = [
         "embedded: a release lowers the mark below the last millisecond used",
         (
             Edit(
-                S + "files:FileLease.release",
+                S + "files.lease:FileLease.release",
                 "max(last_used_ms, self.claimed_mark_ms)",
                 "max(last_used_ms - 1, self.claimed_mark_ms)",
                 count=0,
@@ -127,7 +127,7 @@ MUTANTS = [
         "etcd: extending the mark is not guarded by the fencing token",
         (
             Edit(
-                "snowfence.store.etcd:EtcdLease._write",
+                "snowfence.store.etcd.lease:EtcdLease._write",
                 "if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]",
                 "if until_ms is None else [tx.put(self.mark_key, self._mark_value(until_ms)), tx.get(self.mark_key)]\n"
                 "        if until_ms is not None:\n"
@@ -142,7 +142,7 @@ MUTANTS = [
     Mutant(
         "unguarded-release",
         "etcd: a release (lower the mark, delete the claim) is not guarded by the fencing token",
-        (Edit("snowfence.store.etcd:EtcdLease._release", "compare=self._guard()", "compare=[]"),),
+        (Edit("snowfence.store.etcd.lease:EtcdLease._release", "compare=self._guard()", "compare=[]"),),
         kinds=("etcd",),
     ),
     Mutant(
@@ -197,7 +197,7 @@ MUTANTS = [
         "embedded: the holder does not re-check that its lock file is still the one at the path",
         (
             Edit(
-                S + "files:FileLease.check",
+                S + "files.lease:FileLease.check",
                 "        lock_path, mark_path = self._store.paths(self.worker_id)\n",
                 "        return\n        lock_path, mark_path = self._store.paths(self.worker_id)\n",
             ),
@@ -210,7 +210,7 @@ MUTANTS = [
         "etcd: a renewal checks the lease but not that the claim and the mark are still the holder's",
         (
             Edit(
-                "snowfence.store.etcd:EtcdLease._guard",
+                "snowfence.store.etcd.lease:EtcdLease._guard",
                 "return [tx.create(self.claim_key) == self.token, tx.mod(self.mark_key) == self.mark_rev]",
                 "return []",
             ),
@@ -310,7 +310,7 @@ MUTANTS = [
                 "if False:",
             ),
             Edit(
-                "snowfence.store.etcd:EtcdLease._check_region",
+                "snowfence.store.etcd.lease:EtcdLease._check_region",
                 "if claim is None or claim.cluster != store.config.cluster:",
                 "if False:",
             ),
@@ -320,7 +320,7 @@ MUTANTS = [
     Mutant(
         "new-embedded-store-no-wait",
         "a new embedded store (a wiped state directory) mints at once, below what an hlc node ran ahead to",
-        (Edit(S + "files:FileStore.check_layout", "wait_ms = self.quarantine_ms()", "wait_ms = 0"),),
+        (Edit(S + "files.layout:LayoutRecord.check_layout", "wait_ms = self.quarantine_ms()", "wait_ms = 0"),),
         kinds=("embedded",),
         extra={"policy": "hlc"},
     ),

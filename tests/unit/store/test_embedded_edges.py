@@ -21,9 +21,9 @@ from filerig import file_store
 
 from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
+from snowfence.store import durable, filesystems
 from snowfence.store import files as embedded
-from snowfence.store import filesystems
-from snowfence.store.files import FileStore
+from snowfence.store.files import FileStore, locks
 from snowfence.store.journal import Journal
 from snowfence.store.preference import PreferenceFile, embedded_namespace, node_key
 
@@ -164,8 +164,8 @@ def test_the_store_and_its_leases_describe_themselves_for_status(tmp_path):
 
 def test_a_temp_file_left_by_an_earlier_process_with_our_pid_is_overwritten_whole(tmp_path):
     path = tmp_path / "x.mark"
-    embedded._tmp_name(path).write_bytes(b"{" * 4096)  # a crashed process's, our PID reused
-    embedded.write_atomic(path, b'{"short":1}')
+    durable._tmp_name(path).write_bytes(b"{" * 4096)  # a crashed process's, our PID reused
+    durable.write_atomic(path, b'{"short":1}')
     assert path.read_bytes() == b'{"short":1}'
     assert temp_files(tmp_path) == []
 
@@ -174,7 +174,7 @@ def test_a_write_that_fails_leaves_no_temp_file_and_reports_the_disk_error(tmp_p
     path = tmp_path / "x.mark"
     fail_for(monkeypatch, "fsync", is_temp_file_fd)
     with pytest.raises(OSError) as info:
-        embedded.write_atomic(path, b"data")
+        durable.write_atomic(path, b"data")
     assert info.value.errno == errno.EIO
     assert temp_files(tmp_path) == [] and not path.exists()
 
@@ -184,21 +184,21 @@ def test_a_write_whose_cleanup_also_fails_still_reports_the_first_error(tmp_path
     fail_for(monkeypatch, "fsync", is_temp_file_fd)
     refuse_to_remove_temp_files(monkeypatch)
     with pytest.raises(OSError) as info:
-        embedded.write_atomic(path, b"data")
+        durable.write_atomic(path, b"data")
     assert info.value.errno == errno.EIO
 
 
 def test_a_rename_that_fails_leaves_no_temp_file_and_the_old_mark_whole(tmp_path, monkeypatch):
     path = tmp_path / "x.mark"
-    embedded.write_atomic(path, b"old")
+    durable.write_atomic(path, b"old")
     fail_for(monkeypatch, "replace", lambda p: os.fspath(p).endswith(".tmp"))
     with pytest.raises(OSError) as info:
-        embedded.write_atomic(path, b"new")
+        durable.write_atomic(path, b"new")
     assert info.value.errno == errno.EIO
     assert temp_files(tmp_path) == [] and path.read_bytes() == b"old"
     refuse_to_remove_temp_files(monkeypatch)
     with pytest.raises(OSError) as info:
-        embedded.write_atomic(path, b"new")
+        durable.write_atomic(path, b"new")
     assert info.value.errno == errno.EIO  # not the cleanup's error
 
 
@@ -515,19 +515,19 @@ def held_region(tmp_path):
 
 def test_a_busy_region_lock_is_retried_in_short_steps_for_the_wait_it_promises(held_region, monkeypatch):
     fake = SteppedTime()
-    monkeypatch.setattr(embedded, "time", fake)
+    monkeypatch.setattr(locks, "time", fake)
     with pytest.raises(StateDirBusy) as info:
         with held_region.region_lock():
             pass
-    assert str(info.value) == f"another process has held {held_region.dir} locked for {embedded.REGION_LOCK_WAIT_S} s"
+    assert str(info.value) == f"another process has held {held_region.dir} locked for {locks.REGION_LOCK_WAIT_S} s"
     assert all(0 < s <= 0.01 for s in fake.sleeps)
-    assert embedded.REGION_LOCK_WAIT_S <= sum(fake.sleeps) <= embedded.REGION_LOCK_WAIT_S + 0.01
+    assert locks.REGION_LOCK_WAIT_S <= sum(fake.sleeps) <= locks.REGION_LOCK_WAIT_S + 0.01
 
 
 def test_a_busy_region_lock_gives_up_at_its_deadline_without_another_wait(held_region, monkeypatch):
-    wait = embedded.REGION_LOCK_WAIT_S
+    wait = locks.REGION_LOCK_WAIT_S
     fake = SteppedTime(readings=[0.0, wait, wait + 1])  # the first retry falls on the deadline itself
-    monkeypatch.setattr(embedded, "time", fake)
+    monkeypatch.setattr(locks, "time", fake)
     with pytest.raises(StateDirBusy):
         with held_region.region_lock():
             pass
@@ -547,7 +547,7 @@ def test_a_region_lock_released_while_waiting_is_taken(tmp_path, monkeypatch):
             os.close(fd)  # the other process's write is done
 
     fake.sleep = sleep
-    monkeypatch.setattr(embedded, "time", fake)
+    monkeypatch.setattr(locks, "time", fake)
     with s.region_lock():
         assert held_by_another_region(s)  # by us, now
     assert len(fake.sleeps) == 3

@@ -22,7 +22,6 @@ from filerig import file_store
 
 from snowfence.errors import ConfigError, LayoutMismatch, LeaseLost, StateDirBusy, StateDirError, WorkerIdUnusable
 from snowfence.ids import DEFAULT_LAYOUT, Layout
-from snowfence.store import files as embedded
 from snowfence.store import filesystems
 from snowfence.store.files import FileStore, mark_checksum
 from snowfence.store.genesis import Genesis
@@ -658,7 +657,7 @@ def test_the_region_lock_is_taken_on_the_directory_at_the_path_not_on_one_remove
             return real_open(stale, flags, *args)
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(embedded.os, "open", open_stale_first)
+    monkeypatch.setattr(os, "open", open_stale_first)
     try:
         with pytest.raises(StateDirBusy):
             with s.region_lock():
@@ -675,7 +674,7 @@ def test_a_lease_given_up_twice_closes_its_descriptor_once(tmp_path, monkeypatch
     lease = s.claim(None, "h", 0, 10_000)
     closed = []
     real_close = os.close
-    monkeypatch.setattr(embedded.os, "close", lambda fd: (closed.append(fd), real_close(fd)))
+    monkeypatch.setattr(os, "close", lambda fd: (closed.append(fd), real_close(fd)))
     threads = [threading.Thread(target=lease.abandon) for _ in range(8)]
     for t in threads:
         t.start()
