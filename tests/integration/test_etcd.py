@@ -399,6 +399,17 @@ def test_status_of_the_cluster_lists_held_and_retired_worker_ids(nodes, etcd):
     assert by_id[retired]["state"] == "retired" and by_id[retired]["mark_passed"] is True
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
     assert "2 worker IDs held, 1 retired" in text
+    # Region 0's pool: b's worker ID is free again (its mark passed); one retired with its mark an hour ahead
+    # of the clock is quarantined (a new owner would mint nothing before it has passed).
+    ahead_ms = time.time_ns() // 1_000_000 - DEFAULT_LAYOUT.epoch_ms + 3_600_000
+    assert etcd.ctl("put", "/snowfence/test/marks/0/100", f'{{"reserved_until_ms": {ahead_ms}}}').returncode == 0
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    pools = orjson.loads(out.stdout)["pools"]
+    assert pools == [{"region": 0, "size": 128, "free": 125, "held": 2, "quarantined": 1, "unreadable": 0}], pools
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    line = "region 0: 125 of 128 worker IDs free, 2 held, 1 quarantined (mark ahead of the clock), 0 unreadable"
+    assert line in text.splitlines(), text
 
 
 def test_marks_that_are_not_whole_milliseconds_are_passed_over_and_shown_unreadable(nodes, etcd):

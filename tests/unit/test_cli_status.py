@@ -1,5 +1,6 @@
 """The rows of `snowfence status` from a STATUS: a fenced worker ID says how long ago it
-fenced, each row's reason is about its own worker ID, the broker's own worker ID is a row."""
+fenced, each row's reason is about its own worker ID, the broker's own worker ID is a row; and
+from `status --etcd`'s census, each region's worker-ID pool."""
 
 from __future__ import annotations
 
@@ -47,3 +48,23 @@ def test_the_broker_s_own_worker_id_is_a_row_and_the_ports_are_shown():
         {"slot": "own", "pid": 42, "in_rotation": False, "reason": "waiting", "worker_id": None, "state": "claiming"}
     ]
     assert _port({"port": 5556, "host": "127.0.0.1"}) == "5556" and _port(None) == "off"
+
+
+def test_each_region_s_pool_counts_held_quarantined_unreadable_and_free_worker_ids():
+    from snowfence.cli.cluster import worker_id_pools
+    from snowfence.ids import Layout
+
+    entries = [
+        {"region": 0, "worker_id": 0, "state": "held", "mark_ms": 5, "mark_passed": False},
+        {"region": 0, "worker_id": 1, "state": "held", "mark_ms": None},
+        {"region": 0, "worker_id": 2, "state": "retired", "mark_ms": 9, "mark_passed": False},  # mark ahead
+        {"region": 0, "worker_id": 3, "state": "retired", "mark_ms": 1, "mark_passed": True},  # free again
+        {"region": 0, "worker_id": 4, "state": "unreadable", "mark_ms": None},
+        {"region": 2, "worker_id": 7, "state": "retired", "mark_ms": 9, "mark_passed": False},
+    ]
+    pools = worker_id_pools(entries, [0, 1], Layout(worker_bits=3, sequence_bits=16))
+    assert pools == [
+        {"region": 0, "size": 8, "free": 4, "held": 2, "quarantined": 1, "unreadable": 1},
+        {"region": 1, "size": 8, "free": 8, "held": 0, "quarantined": 0, "unreadable": 0},  # used, nothing recorded
+        {"region": 2, "size": 8, "free": 7, "held": 0, "quarantined": 1, "unreadable": 0},  # recorded, not used now
+    ]

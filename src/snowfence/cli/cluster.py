@@ -108,6 +108,7 @@ def cluster_status(config, as_json: bool) -> int:
         if e.get("mark_ms") is not None:
             e["mark_time"] = format_unix_ms(e["mark_ms"] + epoch)
             e["mark_passed"] = e["mark_ms"] < now_ms
+    pools = worker_id_pools(entries, regions, config.layout)
     if as_json:
         doc = {
             "cluster": config.cluster,
@@ -117,6 +118,7 @@ def cluster_status(config, as_json: bool) -> int:
             "bounds_not_alike": unlike,
             "nodes": members,
             "worker_ids": entries,
+            "pools": pools,
         }
         print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return 1 if conflicts else 0
@@ -125,6 +127,11 @@ def cluster_status(config, as_json: bool) -> int:
         f"{sum(e['state'] == 'held' for e in entries)} worker IDs held, "
         f"{sum(e['state'] == 'retired' for e in entries)} retired"
     )
+    for pool in pools:
+        print(
+            f"region {pool['region']}: {pool['free']} of {pool['size']} worker IDs free, {pool['held']} held, "
+            f"{pool['quarantined']} quarantined (mark ahead of the clock), {pool['unreadable']} unreadable"
+        )
     if "regions" in claims:
         shown = ", ".join(f"{r} {c['cluster']}" for r, c in claims["regions"].items()) or "none"
         print(f"region claims of this etcd (region cluster): {shown}")
@@ -154,6 +161,28 @@ def cluster_status(config, as_json: bool) -> int:
             f"{'yes' if e.get('mark_passed') else 'no':<6} {e.get('holder') or e.get('last_holder') or ''}"
         )
     return 1 if conflicts else 0
+
+
+def worker_id_pools(entries: list[dict], regions: list[int], layout) -> list[dict]:
+    """How close each region's worker-ID pool is to exhaustion, from the census (``entries``
+    with ``mark_passed`` set): ``size`` (``2**worker_bits``), ``held`` (claimed), ``quarantined``
+    (retired, its mark not yet passed: a new owner would mint nothing until it has),
+    ``unreadable`` (a claim passes it over) and ``free`` (the rest: never used, or retired
+    with its mark passed). One per region the cluster's nodes used or the census names."""
+    size = layout.max_worker + 1
+    counts: dict[int, dict] = {
+        region: {"region": region, "size": size, "free": size, "held": 0, "quarantined": 0, "unreadable": 0}
+        for region in sorted({*regions, *(e["region"] for e in entries)})
+    }
+    for e in entries:
+        pool = counts[e["region"]]
+        kind = e["state"] if e["state"] in ("held", "unreadable") else None
+        if e["state"] == "retired" and not e.get("mark_passed"):
+            kind = "quarantined"
+        if kind:
+            pool[kind] += 1
+            pool["free"] -= 1
+    return list(counts.values())
 
 
 def clusters_status(configs: list, as_json: bool) -> int:
