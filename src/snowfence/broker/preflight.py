@@ -38,7 +38,7 @@ import time
 from ..config import Config, missing_modules
 from ..errors import ConfigError, EtcdUnavailable, LayoutMismatch, StateDirError
 from ..ids import MS_PER_YEAR, format_unix_ms
-from ..store import home, read_genesis
+from ..store import home, read_genesis, read_region_claims
 from ..store.filesystems import KERNEL_FILESYSTEMS, filesystem_type
 from ..store.genesis import Genesis
 from . import auth
@@ -143,26 +143,12 @@ def check_region(config: Config) -> None:
     would refuse it at their first claim, after the node said it serves. Read without
     writing; etcd not answering is left to the workers. (Two clusters' first starts at once
     both pass here: the claim's transaction refuses one of them.)"""
-    if config.embedded:
-        return
-    from ..etcd import regions
-    from ..etcd.client import Connection, etcd_call
-
-    connection = Connection(config)
     try:
-        value = etcd_call(_region_claims)(connection)
-    except (EtcdUnavailable, ConfigError):
+        claims = read_region_claims(config)
+    except EtcdUnavailable:
         return
-    finally:
-        connection.close()
-    regions.parse(value).check(config.region, config.cluster, config.layout)
-
-
-def _region_claims(connection) -> bytes | None:
-    from ..etcd import keys
-
-    value, _ = connection.client.get(keys.REGION_CLAIMS)
-    return value
+    if claims is not None:
+        claims.check(config.region, config.cluster, config.layout)
 
 
 def check_epoch(config: Config, now_ms: int | None = None) -> None:

@@ -1,7 +1,7 @@
 """The storage layer: the lease store interface, genesis records, the journal, and the
 two stores (files under a state directory, and etcd). ``open_store`` builds the one a
 configuration names; everything that holds a worker ID opens its store there, and
-``read_genesis`` reads its genesis record without opening it."""
+``read_genesis`` (and, in etcd, ``read_region_claims``) reads its records without opening it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .base import Lease, Store
 from .genesis import Genesis
 from .journal import Journal
 
-__all__ = ["Lease", "Store", "journal_name", "open_journal", "open_store", "read_genesis"]
+__all__ = ["Lease", "Store", "journal_name", "open_journal", "open_store", "read_genesis", "read_region_claims"]
 
 
 def journal_name(config: Config) -> str:
@@ -86,5 +86,16 @@ def read_genesis(config: Config, *, etcd_client: Callable[[], object] | None = N
 
         return read_file(config.state_dir)
     from .etcd import read_genesis as read_etcd
+
+    return read_etcd(config, etcd_client)
+
+
+def read_region_claims(config: Config, *, etcd_client: Callable[[], object] | None = None):
+    """The region claims of the etcd the configuration names (``etcd/regions.py``), read
+    without opening a store or writing anything; None in embedded mode, which has none.
+    Raises as :func:`read_genesis` does."""
+    if config.embedded:
+        return None
+    from .etcd import read_region_claims as read_etcd
 
     return read_etcd(config, etcd_client)

@@ -81,3 +81,23 @@ def test_etcd_not_answering_or_no_client_to_be_had_is_etcd_unavailable(etcd):
 
     with pytest.raises(EtcdUnavailable, match="no etcd client can be built here: cannot read etcd TLS files"):
         read_genesis(etcd_config(), etcd_client=unbuildable)
+
+
+def test_the_region_claims_are_read_without_writing_and_refused_as_the_store_refuses_them(etcd, tmp_path):
+    from pyetcd.client import Transactions
+
+    from snowfence.etcd import keys, regions
+    from snowfence.store import read_region_claims
+
+    assert read_region_claims(Config(state_dir=str(tmp_path / "state"))) is None  # embedded: none
+    assert not (tmp_path / "state").exists()
+    client = lambda: etcd._client(("127.0.0.1:2379",))  # noqa: E731
+    assert read_region_claims(etcd_config(), etcd_client=client) == regions.RegionClaims()
+    store = etcd.store()
+    store.check_layout(store.layout)  # claims region 1 for cluster "unit"
+    before = etcd.server.rev
+    claims = read_region_claims(etcd_config(), etcd_client=client)
+    assert claims.holder(1).cluster == "unit" and etcd.server.rev == before
+    etcd.server.txn([], [Transactions().put(keys.REGION_CLAIMS, b"[]")], [])
+    with pytest.raises(LayoutMismatch, match="the region claims /snowfence/region-claims are unreadable"):
+        read_region_claims(etcd_config(), etcd_client=client)

@@ -35,7 +35,7 @@ The store is split by job: :mod:`.records` (the genesis record read without a st
 from __future__ import annotations
 
 from .lease import EtcdLease
-from .records import parse_genesis, read_genesis
+from .records import parse_genesis, read_genesis, read_region_claims
 from .store import EtcdStore
 
-__all__ = ["EtcdLease", "EtcdStore", "parse_genesis", "read_genesis"]
+__all__ = ["EtcdLease", "EtcdStore", "parse_genesis", "read_genesis", "read_region_claims"]

@@ -1,5 +1,6 @@
-"""The etcd store's records read without a store: the genesis (layout) record, parsed as the
-store parses it, for ``store.read_genesis``.
+"""The etcd store's records read without a store, parsed as the store parses them: the
+genesis (layout) record, for ``store.read_genesis``, and this etcd's region claims, for
+``store.read_region_claims``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import orjson
 
 from ...config import Config
 from ...errors import ConfigError, EtcdUnavailable, LayoutMismatch, SnowfenceError
+from ...etcd import regions
 from ...etcd.client import Connection, etcd_call
+from ...etcd.keys import REGION_CLAIMS
 from ..genesis import Genesis
 
 
@@ -26,20 +29,32 @@ def read_genesis(config: Config, build_client: Callable[[], object] | None = Non
     """The genesis record of the cluster ``config`` names, read without writing anything;
     None if there is none yet. EtcdUnavailable if etcd does not answer, or if no client can
     be built here (TLS files unreadable, say); LayoutMismatch if the record is unreadable."""
+    value = _read(config, build_client, lambda keys: keys.layout())
+    return None if value is None else parse_genesis(value, config.cluster)
+
+
+def read_region_claims(config: Config, build_client: Callable[[], object] | None = None) -> regions.RegionClaims:
+    """The region claims of the etcd ``config`` names (see :mod:`snowfence.etcd.regions`), read
+    without writing anything; none if the key does not exist. EtcdUnavailable as
+    :func:`read_genesis`; LayoutMismatch if the claims are unreadable."""
+    return regions.parse(_read(config, build_client, lambda keys: REGION_CLAIMS))
+
+
+def _read(config: Config, build_client, key_of) -> bytes | None:
+    """One key's value (``key_of`` the cluster's keys), through a connection of its own."""
     try:
         connection = Connection(config, build_client)
         try:
-            value = _layout_record(connection)
+            return _get(connection, key_of(connection.keys))
         finally:
             connection.close()
     except ConfigError as exc:
         raise EtcdUnavailable(f"no etcd client can be built here: {exc}") from None
-    return None if value is None else parse_genesis(value, config.cluster)
 
 
-def _layout_record(connection: Connection) -> bytes | None:
-    value, _ = connection.client.get(connection.keys.layout())
+def _get(connection: Connection, key: str) -> bytes | None:
+    value, _ = connection.client.get(key)
     return value
 
 
-_layout_record = etcd_call(_layout_record)
+_get = etcd_call(_get)
