@@ -978,7 +978,7 @@ class Checker:
       on the host's monotonic clock), nor by a stale one (its etcd lease had
       expired in the store, or the store had told it the lease was lost, or, in
       embedded mode, a renewal had run since its lock file was removed);
-    * a block decodes to the worker ID and region that minted it.
+    * a block decodes, first ID to last, to the worker ID and region that minted it.
 
     * the watermark (store/watermark.py): no holder of the cluster mints a millisecond
       below a watermark any node answered before (a WATERMARK reply's W, checked
@@ -1147,6 +1147,12 @@ class Checker:
             self.fail(f"worker ID {wid}: block {first}+{count} crosses a millisecond")
         got_wid = (first >> self.worker_shift) & self.max_worker
         got_region = (first >> self.region_shift) & self.max_region
+        # Its last ID of the same worker ID and region too: a block that ran on into the
+        # next worker ID's IDs would repeat them unseen (the blocks are kept per worker ID).
+        if (last >> self.worker_shift) & self.max_worker != got_wid or (
+            last >> self.region_shift
+        ) & self.max_region != got_region:
+            self.fail(f"worker ID {wid}: block {first}+{count} crosses a worker ID")
         if got_wid != wid or got_region != w.region:
             self.fail(f"worker ID {wid} minted ID {first} of worker ID {got_wid} region {got_region}")
         if stale is not None:

@@ -192,3 +192,98 @@ def test_chaos_check_names_a_block_asked_for_after_a_watermark_and_below_it(tmp_
     assert len(v.violations) == 1, v.violations
     assert v.violations[0].startswith(f"block {cid(MS + 5, 3)} from b (sent {3 * SEC}) carries ")
     assert f"below the watermark {CL.epoch_ms + MS + 6} ms that a answered at {2 * SEC + SEC // 2}" in v.violations[0]
+
+
+# -- tests/sim/sim.py: the simulator's Checker.mint -------------------------------------------
+#
+# Its mutants prove the invariants a broken guard of the real code reaches; these plant
+# each violation straight into the check a mint goes through, the shape checks (an empty
+# block, one crossing a millisecond or a worker ID, one of another worker ID) among them.
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+import sim  # noqa: E402
+
+SIM_MARK = MS + 100  # the persisted mark of every worker ID
+
+
+def sim_checker(region: int = 0) -> sim.Checker:
+    world = SimpleNamespace(
+        layout=L,
+        kind="embedded",
+        region=region,
+        config=SimpleNamespace(cluster="c"),
+        persisted_mark=lambda wid: SIM_MARK,
+    )
+    return sim.Checker(world)
+
+
+def holder(worker: int = 1, owner: int = 1) -> tuple[SimpleNamespace, SimpleNamespace]:
+    p = SimpleNamespace(config=SimpleNamespace(cluster="c"))
+    return p, SimpleNamespace(lease=SimpleNamespace(worker_id=worker, token=10 * owner), owner=owner)
+
+
+def sim_mint(checker, ms, seq=0, count=1, worker=1, owner=1, minted_by=None, region=0, stale=None):
+    p, h = holder(minted_by if minted_by is not None else worker, owner)
+    checker.mint(p, h, stale, L.compose(ms, region, worker, seq), count)
+
+
+def test_the_simulators_checker_passes_ordered_blocks_of_successive_owners():
+    c = sim_checker()
+    sim_mint(c, MS, 0, 10)
+    sim_mint(c, MS, 10, 10)
+    sim_mint(c, MS + 1, 0, 5, owner=2)
+    sim_mint(c, MS, 0, 4096, worker=2)
+    assert (c.mints, c.ids, c.max_ms) == (4, 4121, {1: MS + 1, 2: MS})
+
+
+@pytest.mark.parametrize(
+    "plant, named",
+    [
+        (lambda c: sim_mint(c, MS, 0, 0), "worker ID 1 minted an empty block"),
+        (lambda c: sim_mint(c, MS, 0, 1, worker=2, minted_by=1), "worker ID 1 minted ID .* of worker ID 2 region 0"),
+        (lambda c: sim_mint(c, MS, 0, 1, region=1), "worker ID 1 minted ID .* of worker ID 1 region 1"),
+        (lambda c: sim_mint(c, MS, 0, 1, stale=("fenced owner minted", "late")), "fenced owner minted: worker ID 1"),
+        (lambda c: sim_mint(c, SIM_MARK + 1), f"minted millisecond {SIM_MARK + 1} above the persisted mark"),
+        (lambda c: [sim_mint(c, MS, 0, 10), sim_mint(c, MS, 9, 1, owner=2)], "ID issued twice: worker ID 1"),
+        (lambda c: [sim_mint(c, MS, 10), sim_mint(c, MS, 5)], "is not above the owner's last ID"),
+        (lambda c: [sim_mint(c, MS + 5), sim_mint(c, MS + 3, owner=2)], "not above the previous owner 1's ID"),
+        (lambda c: [sim_mint(c, MS + 5, owner=2), sim_mint(c, MS + 6)], "not below the next owner 2's ID"),
+    ],
+    ids=[
+        "empty",
+        "other-worker",
+        "other-region",
+        "stale-owner",
+        "above-mark",
+        "issued-twice",
+        "owner-back",
+        "below-previous-owner",
+        "above-next-owner",
+    ],
+)
+def test_the_simulators_checker_names_each_planted_violation(plant, named):
+    with pytest.raises(sim.Violation, match=named):
+        plant(sim_checker())
+
+
+def test_the_simulators_checker_names_a_mint_below_a_watermark_answered_before():
+    c = sim_checker()
+    c.watermark_ms, c.watermark_by = MS + 1, (0, 2.5)
+    sim_mint(c, MS + 1)
+    with pytest.raises(sim.Violation, match=f"minted millisecond {MS} below the watermark {MS + 1} node n0"):
+        sim_mint(c, MS, 1)
+
+
+def test_the_simulators_checker_names_a_block_that_crosses_a_millisecond():
+    c = sim_checker(region=L.max_region)
+    with pytest.raises(sim.Violation, match="crosses a millisecond"):
+        sim_mint(c, MS, L.max_sequence, 2, worker=L.max_worker, region=L.max_region)
+
+
+def test_the_simulators_checker_names_a_block_that_runs_into_the_next_worker_ids():
+    # The last ID of worker 1's millisecond and the first of worker 2's: one millisecond,
+    # but worker 2's IDs, which no check keyed by worker 1 would see issued twice.
+    c = sim_checker()
+    sim_mint(c, MS, 0, 1, worker=2)
+    with pytest.raises(sim.Violation, match="crosses a worker ID"):
+        sim_mint(c, MS, L.max_sequence, 2)
