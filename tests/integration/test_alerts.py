@@ -183,6 +183,27 @@ CASES = {
         ),
         case("2h", [series("snowfence_layout_end_timestamp_seconds", "63122400x150")]),
     ),
+    "SnowfenceWorkerIdPoolLow": (
+        # 12 of 128 free is under 10%; 13 is not. Per region: region 1, all free, does not hide region 0.
+        case(
+            "20m",
+            [
+                series("snowfence_worker_id_pool", "100x25", region="0", state="held"),
+                series("snowfence_worker_id_pool", "16x25", region="0", state="quarantined"),
+                series("snowfence_worker_id_pool", "12x25", region="0", state="free"),
+                series("snowfence_worker_id_pool", "128x25", region="1", state="free"),
+            ],
+            [alert("ticket", "Region 0 has under 10% of its worker IDs free (seen by n1:9464)", region="0")],
+        ),
+        case(
+            "20m",
+            [
+                series("snowfence_worker_id_pool", "100x25", region="0", state="held"),
+                series("snowfence_worker_id_pool", "15x25", region="0", state="quarantined"),
+                series("snowfence_worker_id_pool", "13x25", region="0", state="free"),
+            ],
+        ),
+    ),
     "SnowfenceLeaseRenewalSlow": (
         case(
             "2m",

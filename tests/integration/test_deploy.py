@@ -80,18 +80,20 @@ def test_alerts_dashboard_and_docs_name_only_what_a_node_exports(nodes):
     node.wait_ready()
     addr = health(node)
     # The broker snapshots its workers' reports twice a second: wait for one with a ready
-    # worker ID (its worker's, and the broker's own once claimed) and a measured peer.
+    # worker ID (its worker's, and the broker's own once claimed), a measured peer and the
+    # worker-ID pool (from a watermark round, once the new store is settled).
     code, text = wait_for(
         lambda: (
             lambda r: (
                 r
                 if re.search(r'snowfence_worker_ids\{state="ready"\} [1-9]', r[1])
                 and "snowfence_peer_clock_offset_seconds{" in r[1]
+                and "snowfence_worker_id_pool{" in r[1]
                 else None
             )
         )(get(addr, "/metrics")),
-        10,
-        what="a snapshot with a ready worker and a peer offset",
+        20,
+        what="a snapshot with a ready worker, a peer offset and a worker-ID pool (a watermark round read it)",
     )
     assert code == 200
     names = exported(text)

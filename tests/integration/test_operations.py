@@ -212,6 +212,9 @@ def test_too_many_requests_in_flight_on_one_connection_are_overloaded(nodes, raw
     assert protocol.decode_reply(s.recv()).type == protocol.BLOCK
 
 
+STATES = ("held", "quarantined", "free")
+
+
 def scrape(addr: str) -> dict[tuple[str, frozenset], float]:
     """Every sample of /metrics: (name, its labels) -> value."""
     code, text = get(addr, "/metrics")
@@ -295,6 +298,15 @@ def test_latency_histograms_count_each_request_by_kind_and_build_and_process_met
     assert samples["snowfence_build_info", frozenset({("version", snowfence.__version__)})] == 1
     assert samples["snowfence_node_info", frozenset({("cluster", ""), ("region", "0"), ("mode", "embedded")})] == 1
     assert samples["snowfence_layout_end_timestamp_seconds", frozenset()] == 3_966_248_855.552  # 2095-09-07
+
+    # Region 0's worker-ID pool as the watermark rounds read it: the worker's and perhaps the broker's own
+    # worker ID held, the rest of the 128 free (a new state directory: nothing quarantined).
+    def read_pool():
+        got = scrape(addr)
+        return {s: got.get(("snowfence_worker_id_pool", frozenset({("region", "0"), ("state", s)}))) for s in STATES}
+
+    pool = wait_for(lambda: (lambda p: p if p["held"] is not None else None)(read_pool()), 20, what="a pool read")
+    assert 1 <= pool["held"] <= 2 and pool["quarantined"] == 0 and pool["free"] == 128 - pool["held"], pool
     assert samples["process_cpu_seconds_total", frozenset()] > 0
     assert samples["process_resident_memory_bytes", frozenset()] > 10_000_000
     assert samples["process_open_fds", frozenset()] > 3

@@ -104,6 +104,14 @@ def test_a_watermark_from_one_node_holds_for_ids_from_another_on_etcd_with_shard
 
     assert 0 <= wait_for(lag_s, 10, what="the lag metric") < 60
 
+    def pool():  # region 0's worker IDs as a's last round read the cluster's marks: b's are among them
+        body = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
+        found = re.findall(r'^snowfence_worker_id_pool\{region="0",state="(\w+)"\} (\S+)$', body, re.M)
+        return {state: float(value) for state, value in found} or None
+
+    counts = wait_for(lambda: (lambda p: p if p and p["held"] >= 2 else None)(pool()), 10, what="both nodes held")
+    assert counts["held"] + counts["quarantined"] + counts["free"] == 128 and counts["held"] <= 4, counts
+
 
 def _metrics_address(node) -> str:
     return wait_for(lambda: re.search(r"metrics and health on http://(\S+)/metrics", node.log()), 10).group(1)

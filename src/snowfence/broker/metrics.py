@@ -314,6 +314,9 @@ class Metrics:
             )
             failures.add_metric([], watermark.failures)
             fams.extend([lag, failures])
+            floors = getattr(watermark.store, "watermark_floors", None)
+            if floors is not None:
+                fams.append(_pool_family(watermark.config, floors, now_ms))
         if self.peers is not None:
             off = GaugeMetricFamily(
                 "snowfence_peer_clock_offset_seconds",
@@ -348,6 +351,22 @@ def _by_kind(name: str, doc: str, histograms: tuple[latency.Durations, ...]) -> 
     fam = HistogramMetricFamily(name, doc, labels=["kind"])
     for kind, h in zip(latency.KINDS, histograms, strict=True):
         fam.add_metric([kind], h.buckets(), sum_value=h.sum_ns / 1e9)
+    return fam
+
+
+def _pool_family(config: Config, floors: tuple, now_ms: int) -> GaugeMetricFamily:
+    """Each region's worker IDs by state, from the marks the last watermark round read."""
+    from ..store.watermark import pools
+
+    fam = GaugeMetricFamily(
+        "snowfence_worker_id_pool",
+        "Worker IDs of each region the last watermark round saw: held, quarantined (no holder, mark ahead of the "
+        "clock) or free.",
+        labels=["region", "state"],
+    )
+    for region, pool in pools(floors, now_ms, config.layout.max_worker + 1, (config.region,)).items():
+        for state in ("held", "quarantined", "free"):
+            fam.add_metric([str(region), state], pool[state])
     return fam
 
 

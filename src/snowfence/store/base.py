@@ -105,6 +105,10 @@ class Store:
     #: The mark that held the last watermark round back most (``watermark.Floor``; None:
     #: none bound it), for STATUS: which worker ID an operator looks at when it lags.
     watermark_low = None
+    #: Every mark the last watermark round read (``watermark.Floor``s), for the worker-ID
+    #: pool the node's metrics show: held, quarantined (mark ahead of the clock), free.
+    #: None until a round has read them (a store too new for a promise reads none).
+    watermark_floors: tuple | None = None
 
     def refuse_if_vetoed(self) -> None:
         if self.claim_veto:

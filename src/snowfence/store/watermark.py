@@ -110,6 +110,24 @@ def candidate(floors: Iterable[Floor], now_ms: int, skew_ms: int) -> int:
     return max(min(low.floor_ms, now_ms - skew_ms), 0)
 
 
+def pools(floors: Iterable[Floor], now_ms: int, size: int, regions: Iterable[int] = ()) -> dict[int, dict]:
+    """Each region's worker-ID pool from the marks a round read: of ``size`` worker IDs,
+    ``held`` (a live holder), ``quarantined`` (no holder, its reservation still ahead of
+    ``now_ms``: a new owner mints nothing before it has passed) and ``free`` (the rest).
+    ``regions``: regions to show even with no mark."""
+    out = {region: {"held": 0, "quarantined": 0, "free": size} for region in regions}
+    for floor in floors:
+        pool = out.setdefault(floor.region, {"held": 0, "quarantined": 0, "free": size})
+        if floor.held:
+            pool["held"] += 1
+        elif floor.reserved_until_ms > now_ms:
+            pool["quarantined"] += 1
+        else:
+            continue
+        pool["free"] -= 1
+    return dict(sorted(out.items()))
+
+
 def settled(genesis, layout, now_ms: int, skew_ms: int) -> bool:
     """Whether the store is old enough for a promise. A store made anew (first start, a wipe,
     an accepted restore) may have had holders it no longer shows, still minting under

@@ -383,3 +383,18 @@ def test_a_claim_after_the_state_directory_was_wiped_starts_above_what_its_journ
     lease = again.try_claim(0, HOLDER, None)
     assert lease.claimed_mark_ms < promised  # the mark alone would let it mint below the promise
     assert lease.watermark_ms == promised and lease.floor_ms >= promised
+
+
+def test_the_pools_count_held_quarantined_and_free_worker_ids_from_the_marks_a_round_read():
+    floors = [
+        watermark.Floor(0, 0, 100, 500, held=True),
+        watermark.Floor(0, 1, 100, 1001, held=False),  # let go, its reservation ahead of now: quarantined
+        watermark.Floor(0, 2, 100, 1001, held=False, released=True),  # released, yet its mark ahead: quarantined
+        watermark.Floor(0, 3, 100, 1000, held=False),  # its reservation not ahead of now: free again
+        watermark.Floor(2, 5, None, 9999, held=True),
+    ]
+    assert watermark.pools(floors, 1000, 8, regions=(0, 1)) == {
+        0: {"held": 1, "quarantined": 2, "free": 5},
+        1: {"held": 0, "quarantined": 0, "free": 8},
+        2: {"held": 1, "quarantined": 0, "free": 7},
+    }

@@ -107,6 +107,7 @@ class WatermarkRound:
             return promised
         floors = self._floors(mark_kvs, claim_kvs, 0)
         self.watermark_low = watermark.lowest(floors, now_ms, skew)
+        self.watermark_floors = tuple(floors)
         wanted = watermark.candidate(floors, now_ms, skew)
         if wanted <= promised:
             return promised

@@ -133,6 +133,7 @@ class WatermarkRound:
         regions = self._region_dirs()
         floors = [f for region, path in regions for f in self._region_floors(region, path)]
         self.watermark_low = watermark.lowest(floors, now_ms, 0)
+        self.watermark_floors = tuple(floors)
         wanted = watermark.candidate(floors, now_ms, 0)
         if wanted <= promised:
             return promised
