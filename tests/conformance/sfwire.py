@@ -248,6 +248,21 @@ def id_of_base32(text: str) -> int:
 # -- sockets --------------------------------------------------------------------------
 
 
+def watermark_breaches(layout: Layout, unix_ms: int, lowest: int, later_ids) -> list[str]:
+    """What breaks a WATERMARK reply's promise (docs/PROTOCOL.md), each said in a line:
+    ``lowest`` that is not the first ID of ``unix_ms`` (shard 0), and each ID reserved after
+    the reply that is below ``lowest`` or carries a millisecond below ``unix_ms`` (an ID of a
+    higher shard is above ``lowest`` whatever its time). Empty when the promise held."""
+    out = []
+    if lowest != layout.compose(0, unix_ms, 0, 0):
+        out.append(f"lowest {lowest} is not the first ID of {unix_ms} ms, {layout.compose(0, unix_ms, 0, 0)}")
+    for id_ in later_ids:
+        ms = layout.decode(id_).unix_ms
+        if id_ < lowest or ms < unix_ms:
+            out.append(f"ID {id_} ({ms} ms) reserved after the watermark {unix_ms} ms (lowest {lowest}) is below it")
+    return out
+
+
 def held_entries(status: dict) -> list[dict]:
     """Every held worker ID's entry in a STATUS_REPLY: the workers' and the broker's own."""
     own = (status.get("broker") or {}).get("own_worker_id") or {}

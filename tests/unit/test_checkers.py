@@ -287,3 +287,46 @@ def test_the_simulators_checker_names_a_block_that_runs_into_the_next_worker_ids
     sim_mint(c, MS, 0, 1, worker=2)
     with pytest.raises(sim.Violation, match="crosses a worker ID"):
         sim_mint(c, MS, L.max_sequence, 2)
+
+
+# -- tests/conformance/sfwire.py: the conformance suite's watermark check ---------------------
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+import sfwire  # noqa: E402
+
+WL = sfwire.Layout(L.epoch_ms, L.time_bits, L.region_bits, L.worker_bits, L.sequence_bits)
+WS = sfwire.Layout(L.epoch_ms, L.time_bits - 2, L.region_bits, L.worker_bits, L.sequence_bits, shard_bits=2)
+W_MS = L.epoch_ms + MS  # the watermark, unix ms
+
+
+def test_the_conformance_watermark_check_passes_a_kept_promise():
+    lowest = WL.compose(0, W_MS, 0, 0)
+    assert lowest == (W_MS - L.epoch_ms) << L.time_shift
+    later = [WL.compose(0, W_MS, 0, 3), WL.compose(0, W_MS + 9, 1, 0)]
+    assert sfwire.watermark_breaches(WL, W_MS, lowest, later) == []
+    # Shards: an ID of shard 3 at the watermark's millisecond keeps it too.
+    assert sfwire.watermark_breaches(WS, W_MS, WS.compose(0, W_MS, 0, 0), [WS.compose(3, W_MS, 0, 1)]) == []
+
+
+def test_the_conformance_watermark_check_names_an_id_below_the_watermark():
+    lowest = WL.compose(0, W_MS, 0, 0)
+    below = WL.compose(0, W_MS - 1, 0, 7)
+    assert sfwire.watermark_breaches(WL, W_MS, lowest, [WL.compose(0, W_MS, 0, 3), below]) == [
+        f"ID {below} ({W_MS - 1} ms) reserved after the watermark {W_MS} ms (lowest {lowest}) is below it"
+    ]
+
+
+def test_the_conformance_watermark_check_names_an_id_of_a_higher_shard_from_an_earlier_millisecond():
+    # Above lowest (its shard bits are higher), yet minted a millisecond before the watermark.
+    lowest = WS.compose(0, W_MS, 0, 0)
+    early = WS.compose(2, W_MS - 1, 0, 0)
+    assert early > lowest
+    assert sfwire.watermark_breaches(WS, W_MS, lowest, [early]) == [
+        f"ID {early} ({W_MS - 1} ms) reserved after the watermark {W_MS} ms (lowest {lowest}) is below it"
+    ]
+
+
+def test_the_conformance_watermark_check_names_a_lowest_that_is_not_the_watermarks_first_id():
+    wrong = WL.compose(0, W_MS - 5, 0, 0)  # a lowest this low would let IDs below the watermark through
+    (line,) = sfwire.watermark_breaches(WL, W_MS, wrong, [])
+    assert line.startswith(f"lowest {wrong} is not the first ID of {W_MS} ms")
