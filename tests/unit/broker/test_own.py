@@ -15,7 +15,7 @@ from snowfence.store import open_store
 
 #: A short reservation window: a new store waits out its bound (5 s on the defaults) before
 #: its first ID, which none of these tests is about.
-QUICK = {"keepalive_interval_s": 0.2, "reservation_window_s": 0.5, "max_reservation_window_s": 0.5, "max_ahead_ms": 200}
+QUICK = {"keepalive_interval_s": 0.3, "reservation_window_s": 1.0, "max_reservation_window_s": 1.0, "max_ahead_ms": 500}
 
 
 def until(predicate, timeout_s: float = 10.0) -> bool:
