@@ -575,4 +575,13 @@ def test_a_shard_prefixed_layout_end_to_end(nodes):
     assert abs(end["years_left"] - layout.years_left(asked_ms)) < 0.011, end
     text = run_cli("status", "--connect", node.endpoint).stdout
     assert re.search(r"^layout ends 2043-06-03T21:56:53.888Z \((1[67]\.\d\d) years left\)$", text, re.M), text
+    # Region 0's pool, once a watermark round has read the marks: two workers' worker IDs held at least.
+    line = re.compile(r"^region 0: (\d+) of 128 worker IDs free, (\d+) held, (\d+) quarantined", re.M)
+
+    def pool():
+        shown = line.search(run_cli("status", "--connect", node.endpoint).stdout)
+        return shown and tuple(map(int, shown.groups()))
+
+    free, held, quarantined = wait_for(pool, 20, what="the pool in status")
+    assert held >= 2 and quarantined == 0 and free == 128 - held, (free, held, quarantined)
     assert abs(decoded["unix_ms"] - time.time() * 1000) < 60_000

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from ..config import Config
 from ..errors import SnowfenceError
 from ..logs import event
+from ..store.watermark import pools
 
 log = logging.getLogger("snowfence.watermark")
 
@@ -129,6 +130,8 @@ class Watermark:
         epoch = self.config.layout.epoch_ms
         promised = self.promised_ms
         low = getattr(self.store, "watermark_low", None)
+        floors = getattr(self.store, "watermark_floors", None)
+        size = self.config.layout.max_worker + 1
         return {
             "unix_ms": promised + epoch if promised else None,
             "lag_ms": now_ms - promised if promised else None,
@@ -144,4 +147,11 @@ class Watermark:
                 "floor_unix_ms": None if low.floor_ms is None else low.floor_ms + epoch,
                 "held": low.held,
             },
+            # Each region's worker IDs as the last round read them (null: no round has read them yet).
+            "pools": None
+            if floors is None
+            else [
+                {"region": region, "size": size, **pool}
+                for region, pool in pools(floors, now_ms, size, (self.config.region,)).items()
+            ],
         }

@@ -87,6 +87,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     end = _layout_end(status)
     if end:
         print(end)
+    for pool in (broker.get("watermark") or {}).get("pools") or ():
+        print(
+            f"region {pool.get('region')}: {pool.get('free')} of {pool.get('size')} worker IDs free, "
+            f"{pool.get('held')} held, {pool.get('quarantined')} quarantined (as the last watermark round read them)"
+        )
     print(
         f"{'slot':>5} {'pid':>7} {'worker_id':>9} {'state':<13} {'rotation':<8} {'fence_in_s':>16} "
         f"{'lease_s':>7} {'reserved_until':<24} reason"
