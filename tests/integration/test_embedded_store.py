@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from checks import check_blocks
+from checks import check_blocks, repeated_ids
 from disk import NFS_MAGIC, Tmpfs, build_fsshim, is_root, shim_env
 from nodes import FAST_LEASES, TWO_HOPS, wait_for
 
@@ -92,17 +92,6 @@ def serving(node) -> int:
         return len(node.ready_workers())
     except (SnowfenceError, OSError):
         return 0
-
-
-def repeated_ids(blocks) -> int:
-    """How many IDs were acknowledged more than once."""
-    spans = sorted((f, f + c) for client in blocks for f, c in client)
-    repeated, reach = 0, -1
-    for f, end in spans:
-        if f < reach:
-            repeated += min(end, reach) - f
-        reach = max(reach, end)
-    return repeated
 
 
 def passed_over(node) -> dict[int, str]:

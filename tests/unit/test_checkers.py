@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import array
 import json
+import struct
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -330,3 +332,60 @@ def test_the_conformance_watermark_check_names_a_lowest_that_is_not_the_watermar
     wrong = WL.compose(0, W_MS - 5, 0, 0)  # a lowest this low would let IDs below the watermark through
     (line,) = sfwire.watermark_breaches(WL, W_MS, wrong, [])
     assert line.startswith(f"lowest {wrong} is not the first ID of {W_MS} ms")
+
+
+# -- the conformance suite's block and ID checks ----------------------------------------------
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+import test_conformance_reserve as conf_reserve  # noqa: E402
+import test_driven_clients as conf_driven  # noqa: E402
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def block_reply(first: int, count: int, request_id: int = 7) -> sfwire.Reply:
+    return sfwire.Reply(1, sfwire.BLOCK, 0, request_id, struct.pack("!QI", first, count))
+
+
+def test_the_conformance_block_check_passes_a_block_the_document_allows():
+    first = WL.compose(0, now_ms(), 0, 2, 10)
+    assert conf_reserve.check_block(block_reply(first, 100), 7, 100, WL, {1, 2}) == (first, 100)
+
+
+@pytest.mark.parametrize(
+    "reply, named",
+    [
+        (lambda f: block_reply(f, 101), "count 101 outside 1..100"),
+        (lambda f: block_reply(f, 1, request_id=8), "request_id=8"),
+        (lambda f: block_reply(WL.compose(0, now_ms(), 0, 5), 1), r"worker 5 not in the status list \[1, 2\]"),
+        (lambda f: block_reply(f | 1 << 63, 1), "bit 63 of"),
+        (lambda f: block_reply(WL.compose(0, now_ms(), 0, 2, L.max_sequence), 2), "Decoded"),
+        (lambda f: block_reply(WL.compose(0, now_ms() - 3_600_000, 0, 2), 1), "layout/byte order"),
+    ],
+    ids=["count", "request-id", "worker-not-held", "bit-63", "crosses-a-worker-id", "far-from-now"],
+)
+def test_the_conformance_block_check_names_each_planted_violation(reply, named):
+    with pytest.raises(AssertionError, match=named):
+        conf_reserve.check_block(reply(WL.compose(0, now_ms(), 0, 2)), 7, 100, WL, {1, 2})
+
+
+def test_the_conformance_disjointness_check_names_an_id_granted_twice():
+    conf_reserve.assert_disjoint([(100, 10), (110, 5), (0, 100)])
+    with pytest.raises(AssertionError, match=r"block \(109, 2\) overlaps \(100, 10\): an ID was granted twice"):
+        conf_reserve.assert_disjoint([(100, 10), (109, 2)])
+
+
+def driven_status() -> dict:
+    return {"region": 0, "layout": WL.__dict__ | {"shard_bits": 0}, "workers": []}
+
+
+def test_the_driven_clients_id_check_names_a_duplicate_and_an_id_of_a_worker_id_not_held(monkeypatch):
+    monkeypatch.setattr(sfwire, "held_worker_ids", lambda status: {1, 2})
+    ids = [str(WL.compose(0, now_ms(), 0, 1, s)) for s in range(3)]
+    assert conf_driven.check_ids(ids, 3, driven_status()) == [int(i) for i in ids]
+    with pytest.raises(AssertionError, match="IDs are distinct"):
+        conf_driven.check_ids(ids[:2] + ids[:1], 3, driven_status())
+    with pytest.raises(AssertionError, match="worker=5"):
+        conf_driven.check_ids(ids[:2] + [str(WL.compose(0, now_ms(), 0, 5))], 3, driven_status())
