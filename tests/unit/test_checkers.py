@@ -186,6 +186,25 @@ def test_chaos_check_names_a_worker_id_answered_after_its_release(tmp_path):
     assert v.violations == [f"a answered with worker ID 2 at {5 * SEC}-{5 * SEC + 10} ns without holding it"]
 
 
+def test_chaos_check_ends_a_hold_when_the_worker_exits_or_the_node_is_killed(tmp_path):
+    # a's worker holding worker ID 1 (pid 101) exited at 2.5 s, as its broker logged; node b
+    # was killed at 2.5 s. Blocks of either answered at 5 s were minted without a hold.
+    w = chaos_world()
+    exited = {"event": "worker_exited", "pid": 1, "mono_s": 2.5, "fields": {"pid": 101}}
+    w.nodes["a"].lines.append(json.dumps(exited))
+    w.kills.append(("b", 2 * SEC + SEC // 2))
+    rows = good_rows()[:3] + [
+        (5 * SEC, 5 * SEC + 10, 0, 0, cid(MS + 9, 1), 1),
+        (5 * SEC, 5 * SEC + 10, 0, 0, cid(MS + 9, 2), 1),  # worker ID 2, pid 102: still held
+        (5 * SEC, 5 * SEC + 10, 1, 0, cid(MS + 9, 3), 1),
+    ]
+    v = chaos.check(w, write_run(tmp_path, rows), [])
+    assert v.violations == [
+        f"a answered with worker ID 1 at {5 * SEC}-{5 * SEC + 10} ns without holding it",
+        f"b answered with worker ID 3 at {5 * SEC}-{5 * SEC + 10} ns without holding it",
+    ]
+
+
 def test_chaos_check_names_a_block_asked_for_after_a_watermark_and_below_it(tmp_path):
     # a answered watermark MS + 6 at 2.5 s; a block of MS + 5 asked for at 3 s is below it,
     # the same block asked for at 2 s (before the reply) is not.
