@@ -28,23 +28,25 @@ from snowfence.ids import DEFAULT_LAYOUT, Layout
 #: Two worker IDs per region: the first node's two workers hold both.
 TWO = ("--worker-bits", "1", "--sequence-bits", "18")
 TWO_LAYOUT = Layout(time_bits=41, region_bits=3, worker_bits=1, sequence_bits=18)
-#: A keep-alive long enough that a holder goes on minting for seconds after its files are gone.
+#: A keep-alive long enough that a holder goes on minting for seconds after its files are
+#: gone, and that a new node starts and makes its first claims before the holders look
+#: again (12 s after a keep-alive: enough on a loaded machine too, where 8 s was not).
 SLOW_KEEPER = (
     "--keepalive-interval-s",
-    "8",
+    "12",
     "--fence-after-s",
-    "9",
+    "13",
     "--lease-ttl-s",
-    "10",
+    "14",
     "--reservation-window-s",
-    "20",
+    "24",
     "--max-reservation-window-s",
-    "20",
+    "24",
 )
-#: Half as slow, where the test needs only that a holder mints on for seconds unseen (with
+#: A third as slow, where the test needs only that a holder mints on for seconds unseen (with
 #: the new store's wait shortened to the run-ahead, the test below still sees IDs issued
 #: twice: it fails, as it must).
-HALF_SLOW_KEEPER = (
+QUICKER_KEEPER = (
     "--keepalive-interval-s",
     "4",
     "--fence-after-s",
@@ -132,7 +134,7 @@ def test_a_node_on_a_bind_mount_of_a_wiped_state_dir_never_takes_a_live_holders_
     a.wait_ready(timeout_s=30)
     load_a = Load(a, threads=2)
     wait_for(lambda: load_a.ids() > 20_000, 20, what="a to serve")
-    # Just after one of a's keep-alives: its holders go on minting for up to 8 s before
+    # Just after one of a's keep-alives: its holders go on minting for up to 12 s before
     # their next check can see their files gone.
     revs = mark_revisions(state)
     wait_for(lambda: mark_revisions(state) != revs, 20, interval_s=0.01, what="a keep-alive of a")
@@ -146,7 +148,7 @@ def test_a_node_on_a_bind_mount_of_a_wiped_state_dir_never_takes_a_live_holders_
     load_c = Load(c, threads=2)
     wait_for(lambda: "cannot claim a worker ID" in c.log() or "claimed worker ID" in c.log(), 20, what="c to claim")
     # a's holders find their lock files gone at their next check, and stop.
-    wait_for(lambda: a.log().count("lease_exclusivity_lost") >= 2, 25, what=f"a to fence; log:\n{a.log_tail()}")
+    wait_for(lambda: a.log().count("lease_exclusivity_lost") >= 2, 30, what=f"a to fence; log:\n{a.log_tail()}")
     time.sleep(3)  # c may claim what a gave up, and mint
     before, after = load_a.stop(), load_c.stop()
     assert load_a.ids() > 20_000, a.log_tail()
@@ -202,7 +204,7 @@ def test_a_directory_made_again_under_a_live_node_another_namespace_cannot_see(n
     if not is_root():
         pytest.skip("a network namespace of its own (unshare -n) needs root")
     state = tmp_path / "state"
-    args = (*TWO, *HALF_SLOW_KEEPER)
+    args = (*TWO, *QUICKER_KEEPER)
     a = nodes.start("a", workers=2, state_dir=state, args=(*args, "--journal-dir", str(tmp_path / "a-journal")))
     a.wait_ready(timeout_s=30)
     load_a = Load(a, threads=2)
