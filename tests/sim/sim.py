@@ -480,6 +480,12 @@ class Broker:
         self.serving = False
         #: Its membership (etcd mode, or peers named), once it serves.
         self.membership: SimMembership | None = None
+        #: Stopped until then (true ns; a fault: SIGSTOP), and killed (SIGKILL) until it starts again.
+        self.paused_until = 0
+        self.dead = False
+        #: When its loop first turned after its last pause (its monotonic ns).
+        self.resumed_mono = 0
+        self.resume_due = False
         self.core = Routing(
             config,
             self.to_client,
@@ -556,8 +562,12 @@ class Broker:
         w.checker.clock_seen(self.node)
 
     def peer_request(self, sock: PeerSocket, body: bytes) -> None:
-        """A peer's TIME request reaches this broker's frontend: the routing core answers it."""
-        if self.running and self.serving and sock.peer_boot == self.boots:
+        """A peer's TIME request reaches this broker's frontend: the routing core answers it
+        (a stopped broker, when it runs again)."""
+        w = self.world
+        if w.T <= self.paused_until:
+            w.at(self.paused_until + 1, None, self.peer_request, sock, body)
+        elif self.running and self.serving and sock.peer_boot == self.boots:
             self.core.request(0, sock.addr, body)
 
     def stop_node(self) -> None:
@@ -569,6 +579,52 @@ class Broker:
         w.members.discard(self.node)
         self.serving = False
         self.stopped_at = w.T
+
+    def pause(self, until: int) -> None:
+        """SIGSTOP of the broker process until ``until`` (true ns): its loop, its own worker
+        ID's thread and its watermark's stop with it; what reaches its sockets waits there."""
+        self.paused_until = max(self.paused_until, until)
+        self.resume_due = True
+        for p in (self.proc, self.wm_proc):
+            if p is not None and p.up:
+                p.paused_until = max(p.paused_until, until)
+
+    def asleep(self) -> bool:
+        return self.world.T <= self.paused_until
+
+    def fell_silent_lately(self) -> bool:
+        """Whether its workers may have heard nothing from it for their silence bound lately
+        (it was stopped), so one that left it did so rightly."""
+        config = self.config
+        grace = int((config.heartbeat_timeout_s + config.heartbeat_interval_s) * NS) + NS
+        return self.world.T <= self.paused_until + grace
+
+    def kill(self, restart_at: int) -> None:
+        """SIGKILL of the broker process: its threads die with it (its own worker ID not
+        released), its membership entry and peer sockets go, and the kernel sends each worker
+        SIGTERM (``PR_SET_PDEATHSIG``): they drain and release. The node starts again at
+        ``restart_at`` or once its old workers are gone, whichever is later."""
+        w = self.world
+        self.running = False
+        self.dead = True
+        self.stop_node()
+        w.counts["broker_kills"] = w.counts.get("broker_kills", 0) + 1
+        if self.own is not None:
+            w.stop_own(self, release=False)
+        w.stop_watermark(self)
+        for p in self.supervised:
+            if p.up:
+                w.at(w.T + LINK_NS, p.loop, w.sigterm, p)
+        w.at(restart_at, None, self.restart_after_kill)
+
+    def restart_after_kill(self) -> None:
+        """systemd starts the unit again once its control group is empty."""
+        if self.running:
+            return
+        if any(p.up for p in self.supervised):
+            self.world.at(self.world.T + 100 * MS, None, self.restart_after_kill)
+            return
+        self.restart_node()
 
     def halted(self) -> None:
         """The supervisor stopped the node (a worker could not boot): the broker exits, its
@@ -595,9 +651,12 @@ class Broker:
     def tick(self) -> None:
         w = self.world
         w.at(w.T + BROKER_TICK_NS, None, self.tick)
-        if not self.running:
+        if not self.running or w.T <= self.paused_until:
             return
         now = self.node.clock.mono()
+        if self.resume_due:  # its first turn after a pause: no worker counts as silent from before
+            self.resume_due = False
+            self.resumed_mono = now
         if not self.serving:
             self.start_node(now)
         if self.peers is not None:
@@ -616,7 +675,7 @@ class Broker:
         after it is gone (killed, or restarted) by now."""
         limit = int((self.config.worker_kill_after_s + self.config.shutdown_timeout_s) * NS) + 2 * BROKER_TICK_NS
         for p in self.supervised:
-            silent = now - max(self.stated.get(p.ident, 0), p.started_mono)
+            silent = now - max(self.stated.get(p.ident, 0), p.started_mono, self.resumed_mono)
             if p.up and silent > limit:
                 self.world.checker.fail(
                     f"worker {p.holder} silent for {silent / NS:.1f} s "
@@ -636,6 +695,8 @@ class Broker:
         overloaded, answered = self.overloaded, self.answered[addr]
         for _ in range(burst):
             self.send(addr)
+        if self.dead or self.asleep():
+            return  # answered once the broker runs again (or never: it was killed)
         # Answered at once otherwise (no worker in rotation, say): that much more room.
         room = self.max_inflight + self.answered[addr] - answered
         refused = self.overloaded - overloaded
@@ -655,7 +716,7 @@ class Broker:
         w.request_id += 1
         self.pending[w.request_id] = (WATERMARK_CONN, None)
         self.in_flight[WATERMARK_CONN] += 1
-        self.core.request(0, WATERMARK_CONN, protocol.encode_watermark(w.request_id))
+        self.take(WATERMARK_CONN, protocol.encode_watermark(w.request_id))
 
     def send(self, addr: bytes) -> None:
         w = self.world
@@ -665,12 +726,25 @@ class Broker:
         if w.last_ids and rng.random() < 0.2:
             after = w.last_ids[int(rng.random() * len(w.last_ids))]
         w.request_id += 1
-        if self.proc is not None:
-            self.proc.request_id = w.request_id  # the request the broker's own minter may answer
-            self.proc.work_sent = w.T
+        if self.dead:
+            return  # the connection is refused: the client tries again later
         self.pending[w.request_id] = (addr, after)
         self.in_flight[addr] += 1
-        self.core.request(0, addr, protocol.encode_reserve(w.request_id, n, after))
+        self.take(addr, protocol.encode_reserve(w.request_id, n, after), w.request_id)
+
+    def take(self, addr: bytes, body: bytes, request_id: int | None = None) -> None:
+        """A client's request reaches the routing core's intake (a stopped broker's, when it
+        runs again; a killed one's, never)."""
+        w = self.world
+        if w.T <= self.paused_until:
+            w.at(self.paused_until + 1, None, self.take, addr, body, request_id)
+            return
+        if self.dead:
+            return
+        if request_id is not None and self.proc is not None:
+            self.proc.request_id = request_id  # the request the broker's own minter may answer
+            self.proc.work_sent = w.T
+        self.core.request(0, addr, body)
 
     # -- the core's two sockets
     def to_client(self, meta: int, addr: bytes, reply: bytes) -> None:
@@ -731,7 +805,14 @@ class Broker:
         return True
 
     def from_worker(self, ident: bytes, frame: bytes) -> None:
-        """A frame from a worker reaches the backend (sent LINK_NS ago)."""
+        """A frame from a worker reaches the backend (sent LINK_NS ago): taken at once, by a
+        stopped broker when it runs again, by a killed one never."""
+        w = self.world
+        if w.T <= self.paused_until:
+            w.at(self.paused_until + 1, None, self.from_worker, ident, frame)
+            return
+        if self.dead:
+            return
         kind = frame[0]
         if kind == protocol.STATE:
             self.stated[ident] = self.node.clock.mono()
@@ -842,8 +923,12 @@ class PeerSocket:
         """An answer reaches the socket; the broker's loop reads it at once (its descriptor fires)."""
         if self.closed:
             return
+        owner, w = self.owner, self.world
+        if w.T <= owner.paused_until:  # read once its broker runs again
+            w.at(owner.paused_until + 1, None, self.arrive, reply)
+            return
         self.inbox.append(reply)
-        peers = self.owner.peers
+        peers = owner.peers
         if self.owner.running and peers is not None and self in peers.sockets:
             peers.on_readable(self)
 
@@ -1065,6 +1150,10 @@ class Checker:
         majority has vouched for during the grace."""
         b = p.node.broker
         if not b.peer_bound_ns or p.config.cluster != self.w.config.cluster:
+            return
+        if b.dead:
+            # A claim its worker decided before it took the kernel's SIGTERM for its killed
+            # broker, on the last verdict that broker sent while the checks above held it.
             return
         since = self.clock_seen(p.node)
         if since is None:
@@ -1298,6 +1387,8 @@ class World:
         self.rng4 = random.Random(seed * 15485863 + 4)
         #: And one for the late host with a wrong clock, and the peers' connections.
         self.rng5 = random.Random(seed * 32452843 + 5)
+        #: And one for the broker processes' own faults (paused, killed).
+        self.rng6 = random.Random(seed * 49979687 + 6)
         #: The nodes registered in the cluster's membership (etcd: brokers running), their
         #: endpoints, and the peers' sockets by the name their peer's routing core gives them.
         self.members: set[Node] = set()
@@ -1660,7 +1751,7 @@ class World:
         if core.boot_error is not None:
             self.boot_failed(p)
             return
-        if core.stop_name == "orphaned" and p.node.broker.running:
+        if core.stop_name == "orphaned" and p.node.broker.running and not p.node.broker.fell_silent_lately():
             raise Violation(f"worker {p.holder} left its broker, which was running: {core.reason}")
         queued = sum(1 for frame, _ in p.inbox if frame[0] == protocol.WORK)
         if queued and core.stop_name != "orphaned":
@@ -1830,6 +1921,7 @@ class World:
         p = b.proc
         p.inc += 1
         p.up = True
+        p.paused_until = 0
         p.loop = Thread(p, "own")
         p.pid = 1000 + (p.inc << 8) + (p.node.index << 4) + 15
         config, clock = p.config, p.node.clock
@@ -1850,10 +1942,8 @@ class World:
         own = own_mod.OwnWorkerId(
             config,
             open_store=open_own_store,
-            workers_settled=lambda: own_mod.workers_settled(
-                b.core.links.values(), len(p.node.procs), config.ids_per_worker
-            ),
-            loop_ns=clock.mono,  # the broker's loop turns (it is not paused in the simulator)
+            workers_settled=lambda: b.node_core.workers_settled(),
+            loop_ns=lambda: b.node_core.loop_ns,
             pid=p.pid,
             clocks=Clocks(wall_ns=p.wall_ns, mono_ns=p.mono_ns, sleep=p.sleep),
             host_clock=ClockWatch(
@@ -1987,6 +2077,23 @@ class World:
             raise AssertionError(kind)
         self.faults.append((T / NS, kind))
 
+    def broker_fault(self, kind: str) -> None:
+        """A fault of one node's broker process (drawn from rng6): stopped (SIGSTOP, a VM
+        freeze of it alone) with its threads, for up to 30 s; or killed (SIGKILL, the OOM
+        killer), its workers told by the kernel (``PR_SET_PDEATHSIG``), and the node started
+        again once they are gone."""
+        rng6 = self.rng6
+        b = rng6.choice(self.nodes).broker
+        if not b.running or not b.serving:
+            return  # not started yet, or down already: not counted
+        if kind == "broker_pause":
+            b.pause(self.T + rng6.choice([rng6.randrange(1, NS), rng6.randrange(NS, 30 * NS)]))
+        elif kind == "broker_kill":
+            b.kill(self.T + rng6.randrange(NS // 2, 3 * NS))
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+        self.faults.append((self.T / NS, kind))
+
     def restart_watermark(self, b: Broker) -> None:
         if b.running and b.watermark is None:
             self.start_watermark(b)
@@ -2063,6 +2170,11 @@ class World:
         rng3 = self.rng3
         for _ in range(rng3.randint(WATERMARK_FAULTS_MIN, WATERMARK_FAULTS_MAX) * times):
             self.at(rng3.randrange(self.horizon), None, self.watermark_fault, rng3.choice(WATERMARK_FAULTS))
+        # The broker process itself stopped or killed, in some schedules (drawn from rng6).
+        rng6 = self.rng6
+        if rng6.random() < BROKER_FAULT_SHARE:
+            for _ in range(rng6.randint(1, BROKER_FAULTS_MAX) * times):
+                self.at(rng6.randrange(self.horizon), None, self.broker_fault, rng6.choice(BROKER_FAULTS))
 
     # -- the store forgetting, and the operator
     def backup(self) -> None:
@@ -2601,6 +2713,10 @@ WATERMARK_CONN = b"cw"
 WATERMARK_SLOT = -2
 WATERMARK_FAULTS = ("watermark_pause", "watermark_pause_in_round", "watermark_restart")
 WATERMARK_FAULTS_MIN, WATERMARK_FAULTS_MAX = 2, 8
+#: The broker process's own faults: the share of schedules that have them, and how many.
+BROKER_FAULTS = ("broker_pause", "broker_kill")
+BROKER_FAULT_SHARE = 0.3
+BROKER_FAULTS_MAX = 3
 _COMMON = ["crash", "restart", "pause", "pause_in_call", "step_back", "step_forward", "freeze", "drift"]
 FAULT_KINDS = {
     "etcd": _COMMON

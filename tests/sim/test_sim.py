@@ -50,7 +50,7 @@ def test_the_real_code_shows_no_violation_in_the_ci_budget():
     # What the budget covered (not how fast): both stores, every kind of fault.
     assert set(summary["schedules_by_store"]) == {"etcd", "embedded"}
     assert summary["schedules_minting_through_partitions"] > 0
-    kinds = {"journal_lost", sim.LATE_HOST} | sim.COMBINED_FAULTS | set(sim.WATERMARK_FAULTS)
+    kinds = {"journal_lost", sim.LATE_HOST} | sim.COMBINED_FAULTS | set(sim.WATERMARK_FAULTS) | set(sim.BROKER_FAULTS)
     for kind in ("etcd", "embedded"):
         kinds |= set(sim.FAULT_KINDS[kind]) | set(sim.STORE_FAULT_KINDS[kind])
     assert set(summary["faults_by_kind"]) == kinds, kinds - set(summary["faults_by_kind"])
