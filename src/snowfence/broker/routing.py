@@ -662,6 +662,8 @@ class Routing:
                 pid=state.pid,
             )
             self.send_worker(ident, protocol.encode_clock(self._verdict))
+            if self.links.get(ident) is not link:
+                return  # its socket is gone (a last STATE read after its process died): forgotten
         link.seen_ns = now_ns
         link.status = state
         if self.metrics is not None:

@@ -198,6 +198,18 @@ def test_a_worker_whose_socket_is_gone_is_forgotten_and_the_request_goes_to_anot
     assert w1 not in r.core.links and [link.ident for link in r.core.rotation] == [w0]
 
 
+def test_a_ready_state_read_after_its_workers_socket_is_gone_leaves_no_link_in_rotation(rig):
+    # A worker's last STATE (ready) read after its process died: the CLOCK the broker
+    # sends a new worker fails and forgets it. Left in rotation, every request would be
+    # picked for it, fail, and be picked for it again: the loop would spin for good.
+    r = rig()
+    r.gone.add(b"w0")
+    r.worker(0)
+    assert b"w0" not in r.core.links and r.core.rotation == []
+    r.ask(b"c", 1)
+    assert r.codes(b"c") == ["unavailable"]  # answered, not spinning
+
+
 # -- fair turns ----------------------------------------------------------------------------
 
 
