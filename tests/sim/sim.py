@@ -1116,7 +1116,8 @@ class Checker:
         can vouch for its clock, by the true clocks: at least half of that cluster is clearly
         off from it (past the peers' bound by :data:`CLOCK_MARGIN_NS`, more than a round trip
         on these links). A member stopped lately counts as vouching (its last answers may
-        still vote)."""
+        still vote), and so does one whose broker is paused (it answers nothing: a node none
+        of whose members answers is not judged)."""
         w = self.w
         bound = node.broker.peer_bound_ns + CLOCK_MARGIN_NS
         mine = node.clock.wall()
@@ -1125,9 +1126,11 @@ class Checker:
         for other in w.nodes:
             if other is node:
                 continue
-            if other in w.members:
+            if other in w.members and not other.broker.asleep():
                 cluster += 1
                 off += abs(other.clock.wall() - mine) > bound
+            elif other in w.members:  # its broker is stopped: it answers no TIME (nobody can judge by it)
+                cluster += 1
             elif other.broker.stopped_at is not None and w.T - other.broker.stopped_at < CLOCK_RECENT_NS:
                 cluster += 1
         return off > 0 and off * 2 >= cluster
