@@ -1376,9 +1376,18 @@ class World:
     """One schedule: the cluster, its clocks, its faults, run from one seed."""
 
     def __init__(
-        self, seed: int, shm: str | None = None, kind: str | None = None, policy: str | None = None, long: bool = False
+        self,
+        seed: int,
+        shm: str | None = None,
+        kind: str | None = None,
+        policy: str | None = None,
+        long: bool = False,
+        broker_faults: bool = True,
     ) -> None:
         self.seed = seed
+        #: Whether the broker processes themselves are paused and killed (not in mutant
+        #: searches: their recorded seeds are schedules drawn without them).
+        self.broker_faults = broker_faults
         self.rng = rng = random.Random(seed)
         #: Draws for what the heterogeneous cluster adds (mixed flags, the combined faults, a
         #: second cluster), apart from ``rng`` so the rest of a schedule draws as it did.
@@ -2175,7 +2184,7 @@ class World:
             self.at(rng3.randrange(self.horizon), None, self.watermark_fault, rng3.choice(WATERMARK_FAULTS))
         # The broker process itself stopped or killed, in some schedules (drawn from rng6).
         rng6 = self.rng6
-        if rng6.random() < BROKER_FAULT_SHARE:
+        if rng6.random() < BROKER_FAULT_SHARE and self.broker_faults:
             for _ in range(rng6.randint(1, BROKER_FAULTS_MAX) * times):
                 self.at(rng6.randrange(self.horizon), None, self.broker_fault, rng6.choice(BROKER_FAULTS))
 
@@ -2737,10 +2746,15 @@ FAULT_KINDS = {
 
 
 def run_schedule(
-    seed: int, shm: str | None = None, kind: str | None = None, policy: str | None = None, long: bool = False
+    seed: int,
+    shm: str | None = None,
+    kind: str | None = None,
+    policy: str | None = None,
+    long: bool = False,
+    broker_faults: bool = True,
 ) -> dict:
     """Run one schedule; a dict of what happened (``violation`` None if clean)."""
-    world = World(seed, shm, kind, policy, long)
+    world = World(seed, shm, kind, policy, long, broker_faults)
     violation = None
     try:
         world.run()

@@ -114,7 +114,7 @@ SEARCH_FROM = {
     "supervisor-restarts-boot-errors": 1,
     "loop-turn-deaf": 1,
     "claim-ignores-watermark": 21,
-    "floor-above-last-minted": 256,
+    "floor-above-last-minted": 321,
     "clock-vouched-unheard": 87,
     "claims-before-verdict": 1,
     "verdict-followed-once": 1,
