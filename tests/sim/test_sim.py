@@ -1,4 +1,4 @@
-"""The simulator in CI: the real code is clean within its budget, every known-bad
+"""The simulator in CI: the real code is clean over its schedules, every known-bad
 mutation of it is caught (and its failing schedule replays exactly), and a
 mutation that no longer matches the code fails loudly instead of testing nothing.
 
@@ -23,10 +23,14 @@ sys.path.insert(0, str(HERE))
 import mutants  # noqa: E402
 import sim  # noqa: E402
 
-#: The clean run's budget: what CI spends proving the real code (see docs/RELIABILITY.md).
-CLEAN_BUDGET_S = 40
-#: A mutant must be caught within this; the slowest take a few seconds.
-MUTANT_BUDGET_S = 60
+#: The clean run: how many schedules CI runs against the real code (see docs/RELIABILITY.md),
+#: a count rather than a time, so that a loaded machine covers what a quiet one does (every
+#: fault kind, both stores); the time is only a bound on a run that hangs.
+CLEAN_SCHEDULES = 40
+#: A mutant must be caught within this many schedules of its search's start.
+MUTANT_SCHEDULES = 20
+#: The bound on either run's time, however loaded the machine.
+RUN_BOUND_S = 300
 
 
 def run(*args: str, timeout_s: float) -> tuple[int, str, dict]:
@@ -42,12 +46,14 @@ def run(*args: str, timeout_s: float) -> tuple[int, str, dict]:
 
 
 def test_the_real_code_shows_no_violation_in_the_ci_budget():
-    code, out, summary = run("--budget-s", str(CLEAN_BUDGET_S), "--seed", "1", timeout_s=CLEAN_BUDGET_S + 120)
+    code, out, summary = run(
+        "--schedules", str(CLEAN_SCHEDULES), "--budget-s", str(RUN_BOUND_S), "--seed", "1", timeout_s=RUN_BOUND_S + 120
+    )
     print(out)
     assert code == 0 and summary["violations"] == 0, out
     for key in ("schedules", "faults", "mints", "violations", "seed"):
         assert key in summary
-    # What the budget covered (not how fast): both stores, every kind of fault.
+    # What the schedules covered: both stores, every kind of fault.
     assert set(summary["schedules_by_store"]) == {"etcd", "embedded"}
     assert summary["schedules_minting_through_partitions"] > 0
     kinds = {"journal_lost", sim.LATE_HOST} | sim.COMBINED_FAULTS | set(sim.WATERMARK_FAULTS) | set(sim.BROKER_FAULTS)
@@ -77,43 +83,43 @@ def test_the_real_code_shows_no_violation_in_the_ci_budget():
 #: Where each mutant's search starts: the seed that last caught it, searching from seed 1
 #: (docs/RELIABILITY.md has the table). The search is deterministic, so from seed 1 it
 #: would find the same schedule, only later (fence-from-reply after about 1,300 schedules);
-#: when the simulator draws differently, the search goes on from there within the budget,
-#: and a mutant not caught within it fails the test.
+#: when the simulator draws differently, the search goes on from there for MUTANT_SCHEDULES
+#: schedules, and a mutant not caught within them fails the test.
 SEARCH_FROM = {
-    "mark-wait": 441,
-    "reserve-before-confirm": 33,
+    "mark-wait": 486,
+    "reserve-before-confirm": 39,
     "fence-from-reply": 373,
     "release-below-last-used-etcd": 14,
     "release-below-last-used-embedded": 1,
     "hlc-past-reservation": 6,
     "unguarded-mark-write": 497,
-    "unguarded-release": 41,
+    "unguarded-release": 70,
     "no-fence-check": 1,
     "sequence-restart": 1,
     "refusal-commits": 1,
-    "lease-lost-not-fenced": 26,
-    "embedded-lock-not-rechecked": 1,
-    "renewal-confirms-lease-only": 43,
-    "dropped-id-left-in-rotation": 30,
+    "lease-lost-not-fenced": 28,
+    "embedded-lock-not-rechecked": 2,
+    "renewal-confirms-lease-only": 70,
+    "dropped-id-left-in-rotation": 32,
     "refusal-left-in-rotation": 1,
-    "claim-backoff-skipped": 2,
+    "claim-backoff-skipped": 8,
     "release-to-claimed-mark": 1,
     "causal-token-ignored": 14,
-    "retry-to-refuser": 32,
+    "retry-to-refuser": 43,
     "silent-worker-in-rotation": 499,
     "no-overload-bound": 1,
     "credits-ignored": 1,
-    "regions-not-claimed": 2,
+    "regions-not-claimed": 55,
     "new-embedded-store-no-wait": 221,
     "second-home-admitted": 4,
     "journal-floor-ignored": 113,
     "own-minter-may-wait": 28,
     "own-never-gives-back": 113,
-    "intake-token-as-plain": 123,
-    "supervisor-never-kills": 23,
+    "intake-token-as-plain": 129,
+    "supervisor-never-kills": 38,
     "supervisor-restarts-boot-errors": 1,
     "loop-turn-deaf": 1,
-    "claim-ignores-watermark": 21,
+    "claim-ignores-watermark": 28,
     "floor-above-last-minted": 321,
     "clock-vouched-unheard": 87,
     "claims-before-verdict": 1,
@@ -128,7 +134,8 @@ def test_each_known_bad_mutation_is_caught_and_its_schedule_replays(name):
     assert mutant.available(), f"{name}: {mutant.requires} is missing from the code"
     start = str(SEARCH_FROM.get(name, 1))
     code, out, summary = run(
-        "--seed", start, "--budget-s", str(MUTANT_BUDGET_S), "--mutant", name, timeout_s=MUTANT_BUDGET_S + 120
+        *("--seed", start, "--schedules", str(MUTANT_SCHEDULES), "--budget-s", str(RUN_BOUND_S), "--mutant", name),
+        timeout_s=RUN_BOUND_S + 120,
     )
     print(out)
     assert code == 1 and summary["violations"] >= 1, f"mutant {name} was not caught:\n{out}"
