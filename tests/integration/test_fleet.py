@@ -387,6 +387,8 @@ def test_bench_against_a_server_that_does_not_answer_nodes_uses_the_endpoints_gi
     relay = subprocess.Popen([sys.executable, str(relay_script), "--bind", endpoint, "--workers", "1"],
                              start_new_session=True, env={**os.environ, "TMPDIR": str(relay_tmp)})  # fmt: skip
     try:
+        # Bound before the bench starts: a client told the endpoint refuses connections says so.
+        wait_for(lambda: (tmp_path / "relay.sock").exists(), 30, what="the relay to bind")
         run = subprocess.run(
             [sys.executable, "-m", "snowfence", "bench", "--connect", endpoint, "--duration", "0.5", "--warmup",
              "0.1", "--batch", "4096", "--clients", "1", "--depth", "2", "--json"],
