@@ -50,6 +50,27 @@ def test_blocks_are_contiguous_within_one_millisecond_and_decode_to_the_serving_
             assert ids == sorted(set(ids))
 
 
+def test_a_node_on_the_default_timing_waits_out_its_window_then_serves(nodes):
+    # Every other test's node runs a short window (tests/harness/nodes.py, QUICK_WINDOW); this
+    # one runs what a user gets: a 5 s window renewed every 2 s, and a first start that mints
+    # nothing until the window has passed.
+    node = nodes.start(workers=2, quick=False)
+    assert "--reservation-window-s" not in node.args and "--keepalive-interval-s" not in node.args
+    created = wait_for(lambda: re.search(r"new store \S+ in .*: it mints nothing for (\d+) ms", node.log()), 10)
+    assert int(created.group(1)) == 5000, created.group(0)
+    started = time.monotonic()
+    with node.client(timeout_s=10.0, retries=0, retry_for_s=20.0) as client:
+        [block] = client.reserve(10)
+    waited = time.monotonic() - started
+    assert block.count == 10
+    # Its first IDs come once the window has passed, not before (the node's log said when the
+    # store was made; the client asked just after).
+    assert waited > 3.0, waited
+    status = node.status()
+    held = [w for w in status["workers"] if w.get("worker_id") is not None]
+    assert len(held) == 2 and all(w["state"] == "ready" for w in held), held
+
+
 def test_100k_ids_from_concurrent_client_processes_are_unique_and_increase_per_worker(nodes, tmp_path):
     node = nodes.start(workers=2)
     node.wait_ready()
